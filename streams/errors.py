@@ -1,0 +1,87 @@
+"""The exception tree of trajstream.
+
+Every error the package raises on purpose derives from :class:`TrajstreamError`, so a
+caller can catch one class. Library errors are wrapped with ``raise ... from exc``.
+Whether an operation may be retried is data on the class (``retriable``)::
+
+    TrajstreamError
+    ├── ConfigError            a setting is missing or invalid (names the setting)
+    ├── RecordError            a record cannot be decoded or validated (goes to dead letters)
+    │   ├── DecodeError        bytes are not a known Avro single-object record
+    │   └── ValidationError    decoded, but violates the model's rules
+    ├── RewardError            a reward function raised or returned a non-finite value
+    ├── TrinityError           the training backend answered with an error
+    │   ├── TrinityRejected    4xx: the request itself is wrong, never retried
+    │   └── TrinityUnavailable 5xx, timeout, connection error: retried with backoff
+    ├── BrokerError            the local Kafka broker could not be fetched, started or reached
+    └── ProduceError           an input file has invalid lines, or publishing failed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerError",
+    "ConfigError",
+    "DecodeError",
+    "ProduceError",
+    "RecordError",
+    "RewardError",
+    "TrajstreamError",
+    "TrinityError",
+    "TrinityRejected",
+    "TrinityUnavailable",
+    "ValidationError",
+]
+
+
+class TrajstreamError(Exception):
+    """Root of every error raised by trajstream."""
+
+    retriable: bool = False
+
+
+class ConfigError(TrajstreamError):
+    """A setting is missing or invalid; the message names the setting."""
+
+
+class RecordError(TrajstreamError):
+    """A record cannot be used; it goes to the dead-letter topic with this reason."""
+
+
+class DecodeError(RecordError):
+    """The bytes are not a record of any known schema."""
+
+
+class ValidationError(RecordError):
+    """The record decoded, but its content breaks the model's rules."""
+
+
+class RewardError(TrajstreamError):
+    """A reward function raised, or returned NaN or infinity."""
+
+
+class TrinityError(TrajstreamError):
+    """The training backend answered with an error."""
+
+    def __init__(self, message: str, *, status: int | None = None, body: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class TrinityRejected(TrinityError):
+    """Trinity rejected the request (4xx). Retrying the same request cannot help."""
+
+
+class TrinityUnavailable(TrinityError):
+    """Trinity failed or could not be reached (5xx, timeout, connection). Retry later."""
+
+    retriable = True
+
+
+class BrokerError(TrajstreamError):
+    """The local Kafka broker could not be fetched, started, reached or stopped."""
+
+
+class ProduceError(TrajstreamError):
+    """Events could not be published (invalid input lines, or the broker refused)."""
