@@ -1,0 +1,467 @@
+"""The Faust wiring: from agent events to Trinity commits, read top to bottom.
+
+Each agent below is a short loop over one stage; the decisions are made by the pure modules
+(:mod:`streams.join`, :mod:`streams.select`, :mod:`streams.rewards`, :mod:`streams.ledger`).
+Records on every topic are raw bytes in Avro single-object encoding (:mod:`streams.codec`), so a
+record that cannot be decoded or validated becomes a dead letter, with its reason and source
+topic/partition/offset, instead of a crash or a silent skip inside Faust's deserializer.
+
+1. ``assemble``   agent-events + ticks  -> trajectories   (table ``pending``, keyed by call_id)
+2. ``reward``     trajectories + user-feedback + ticks -> rewarded (table ``awaiting``)
+3. ``feedback``   rewarded -> POST /feedback (retried) -> ledger (FeedbackAck)
+4. ``ledger``     ledger (acks + ticks) -> POST /commit, windows, commits  (table ``ledger``,
+                  one partition: one decision maker for the whole deployment)
+
+Timers on the leader worker publish ticks: processing time enters the stream as data, so the
+agent that owns a partition's state is the one that acts on time (abandoning calls, ending a
+feedback grace period, committing), with table writes in their proper stream context.
+
+Delivery is at-least-once everywhere; effects are idempotent: a trajectory is keyed by its
+call_id, Trinity ignores repeated msg_ids, and the ledger counts a trajectory's acknowledgement
+once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import faust
+
+from .codec import SchemaRegistry
+from .errors import (
+    RecordError,
+    RewardError,
+    TrinityError,
+    TrinityUnavailable,
+    ValidationError,
+)
+from .join import Applied, Limits, add_event, close, closed_reason, new_pending
+from .ledger import LedgerConfig, apply_ack, commit_done, due_commit, due_windows
+from .models import (
+    AgentCall,
+    AvroModel,
+    AwaitingReward,
+    Completion,
+    DeadLetter,
+    FeedbackAck,
+    LedgerState,
+    PendingCall,
+    RewardedTrajectory,
+    Tick,
+    Trajectory,
+    UserFeedback,
+    utcnow,
+)
+from .rewards import Rewarder, load_reward
+from .select import Strategy, build_strategy
+from .settings import Settings
+from .topics import Topics
+from .trinity import TrinityClient, backoff_delays
+
+__all__ = ["Pipeline"]
+
+log = logging.getLogger("trajstream")
+
+LEDGER_KEY = b"state"
+
+
+class Pipeline:
+    """One Faust application running all four stages. Construct, then run ``pipeline.app``.
+
+    The seams: ``trinity`` builds the HTTP client (tests pass one with a mock transport),
+    ``strategy`` and ``rewarder`` override what the settings name.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        bootstrap: str,
+        trinity: Callable[[], TrinityClient] | None = None,
+        strategy: Strategy | None = None,
+        rewarder: Rewarder | None = None,
+        codec: SchemaRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.codec = codec or SchemaRegistry.default()
+        self.topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+        self.strategy = strategy or build_strategy(
+            settings.selection.strategy,
+            rate=settings.selection.rate,
+            mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
+        )
+        self.rewarder = rewarder or Rewarder(
+            load_reward(settings.reward.function, settings.reward.weights),
+            name=None if settings.reward.function == "composite" else settings.reward.function,
+        )
+        self.limits = Limits(
+            max_steps=settings.assembly.max_steps,
+            max_bytes=settings.assembly.max_bytes,
+            abandon_after=timedelta(seconds=settings.assembly.abandon_after_s),
+        )
+        self.ledger_cfg = LedgerConfig(
+            interval=timedelta(seconds=settings.commit.interval_s),
+            min_batch=settings.commit.min_batch,
+            commit_empty=settings.commit.commit_empty,
+            window=timedelta(seconds=settings.windows.size_s),
+            grace=timedelta(seconds=settings.windows.grace_s),
+        )
+        self.feedback_grace = timedelta(seconds=settings.reward.feedback_grace_s)
+        self.worker_name = f"{socket.gethostname()}:{os.getpid()}"
+        self._trinity_factory = trinity or (
+            lambda: TrinityClient(
+                settings.trinity.url,
+                timeout=settings.trinity.timeout_s,
+                max_connections=settings.trinity.max_connections,
+            )
+        )
+        self._trinity: TrinityClient | None = None
+        self.stats: Counter[str] = Counter()
+        self.app = self._build(bootstrap)
+
+    # -- the Faust application ---------------------------------------------------------------
+
+    def _build(self, bootstrap: str) -> faust.App:
+        s, t = self.settings, self.topics
+        n = s.kafka.partitions
+        app = faust.App(
+            s.app_id,
+            broker=",".join(f"kafka://{b.strip()}" for b in bootstrap.split(",")),
+            store="memory://",
+            datadir=str(s.data_dir / s.app_id),
+            topic_partitions=n,
+            topic_replication_factor=s.kafka.replication_factor,
+            table_standby_replicas=0,
+            consumer_auto_offset_reset="earliest",
+            web_enabled=False,
+            producer_acks=-1,
+            broker_commit_interval=1.0,
+        )
+
+        def raw_topic(name: str, partitions: int) -> faust.TopicT:
+            return app.topic(
+                name,
+                partitions=partitions,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+            )
+
+        def raw_table(name: str, partitions: int) -> faust.Table:
+            table = app.Table(name, partitions=partitions, key_type=bytes, value_type=bytes)
+            # Faust picks "json" for non-model types; the values are Avro bytes already, and
+            # the changelog topic (created lazily) takes these serializers.
+            table.key_serializer = "raw"
+            table.value_serializer = "raw"
+            return table
+
+        self.t_events = raw_topic(t.agent_events, n)
+        self.t_feedback_in = raw_topic(t.user_feedback, n)
+        self.t_ticks = raw_topic(t.ticks, n)
+        self.t_trajectories = raw_topic(t.trajectories, n)
+        self.t_rewarded = raw_topic(t.rewarded, n)
+        self.t_ledger = raw_topic(t.ledger, 1)
+        self.t_windows = raw_topic(t.windows, 1)
+        self.t_commits = raw_topic(t.commits, 1)
+        self.t_dead = raw_topic(t.dead_letters, n)
+        self.pending = raw_table("pending", n)
+        self.awaiting = raw_table("awaiting", n)
+        self.ledger = raw_table("ledger", 1)
+
+        # 1. assemble: a call's events -> one trajectory, if the call is selected
+        @app.agent(app.topic(t.agent_events, t.ticks, key_type=bytes, value_type=bytes,
+                             key_serializer="raw", value_serializer="raw"), name="assemble")
+        async def assemble(stream: faust.StreamT) -> None:
+            async for event in stream.events():
+                await self._guard("assemble", event, self._assemble)
+
+        # 2. reward: trajectory (+ user feedback, within the grace period) -> rewarded
+        @app.agent(app.topic(t.trajectories, t.user_feedback, t.ticks, key_type=bytes,
+                             value_type=bytes, key_serializer="raw", value_serializer="raw"),
+                   name="reward")
+        async def reward(stream: faust.StreamT) -> None:
+            async for event in stream.events():
+                await self._guard("reward", event, self._reward)
+
+        # 3. feedback: rewarded -> POST /feedback until acknowledged -> ledger
+        @app.agent(self.t_rewarded, name="feedback")
+        async def feedback(stream: faust.StreamT) -> None:
+            async for event in stream.events():
+                await self._guard("feedback", event, self._feedback)
+
+        # 4. ledger: acknowledgements and ticks -> commits and reward windows
+        @app.agent(self.t_ledger, name="ledger")
+        async def ledger(stream: faust.StreamT) -> None:
+            async for event in stream.events():
+                await self._guard("ledger", event, self._ledger)
+
+        @app.timer(s.assembly.tick_s, on_leader=True)
+        async def assembly_clock() -> None:
+            tick = self.codec.encode(Tick(at=utcnow(), source=self.worker_name))
+            for partition in range(n):
+                await self.t_ticks.send(value=tick, partition=partition)
+
+        @app.timer(s.commit.tick_s, on_leader=True)
+        async def ledger_clock() -> None:
+            tick = self.codec.encode(Tick(at=utcnow(), source=self.worker_name))
+            await self.t_ledger.send(value=tick, partition=0)
+
+        @app.on_after_configured.connect
+        def _quiet(app: faust.App, **_: Any) -> None:  # pragma: no cover - logging only
+            logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+        return app
+
+    @property
+    def trinity(self) -> TrinityClient:
+        if self._trinity is None:
+            self._trinity = self._trinity_factory()
+        return self._trinity
+
+    # -- shared plumbing ---------------------------------------------------------------------
+
+    async def _guard(self, stage: str, event: Any, handler: Callable[[Any], Any]) -> None:
+        """Run one handler; anything it cannot handle becomes a dead letter, never a crash."""
+        try:
+            await handler(event)
+        except RecordError as exc:
+            await self._dead_letter(stage, exc, event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s: unexpected error on %s", stage, _where(event))
+            await self._dead_letter(stage, exc, event)
+
+    async def _dead_letter(self, stage: str, exc: BaseException, event: Any,
+                           payload: bytes | None = None) -> None:
+        msg = event.message
+        self.stats[f"dead_letters.{stage}"] += 1
+        record = DeadLetter(
+            reason=str(exc) or type(exc).__name__,
+            error_type=type(exc).__name__,
+            stage=stage,
+            source_topic=msg.topic,
+            source_partition=msg.partition,
+            source_offset=msg.offset,
+            key=msg.key,
+            payload=payload if payload is not None else (msg.value or b""),
+            failed_at=utcnow(),
+            worker=self.worker_name,
+        )
+        log.warning("dead letter (%s) %s: %s", stage, _where(event), record.reason)
+        await self.t_dead.send(key=msg.key, value=self.codec.encode(record))
+
+    def _decode(self, event: Any) -> AvroModel:
+        return self.codec.decode(event.message.value)
+
+    @staticmethod
+    def _check_key(event: Any, call_id: str) -> bytes:
+        key = event.message.key
+        if key is None or key != call_id.encode():
+            raise ValidationError(
+                f"record key {key!r} is not its call_id {call_id!r}: key every event by call_id "
+                "so a call's events meet on one partition"
+            )
+        return bytes(key)
+
+    # -- 1. assemble -------------------------------------------------------------------------
+
+    async def _assemble(self, event: Any) -> None:
+        record = self._decode(event)
+        msg = event.message
+        if isinstance(record, Tick):
+            await self._abandon_due(msg.partition, record)
+            return
+        if not isinstance(record, AgentCall | Completion):
+            raise RecordError(f"{record.avro_name} does not belong on {msg.topic}")
+        key = self._check_key(event, record.call_id)
+        now = utcnow()
+        raw = self.pending.get(key)
+        state = self.codec.decode_as(raw, PendingCall) if raw else new_pending(record.call_id, now)
+        state.partition = msg.partition
+        applied = add_event(state, record, len(msg.value))
+        if applied is Applied.DUPLICATE:
+            self.stats["events.duplicate"] += 1
+            return
+        if applied is Applied.DUPLICATE_SEQ:
+            raise ValidationError(
+                f"step seq {record.seq} of call {record.call_id} arrived twice with different "
+                "event ids; the first was kept"  # type: ignore[union-attr]
+            )
+        self.stats["events.applied"] += 1
+        reason = closed_reason(state, now, self.limits)
+        if reason is None:
+            self.pending[key] = self.codec.encode(state)
+        else:
+            await self._close(key, state, reason)
+
+    async def _close(self, key: bytes, state: PendingCall, reason: str) -> None:
+        selection, trajectory = close(state, self.strategy, reason)
+        if key in self.pending:
+            del self.pending[key]
+        self.stats[f"calls.{'selected' if selection.selected else 'rejected'}"] += 1
+        if reason != "ended":
+            log.info("call %s closed: %s (%s)", state.call_id, reason, selection.reason)
+        if trajectory is not None:
+            await self.t_trajectories.send(key=key, value=self.codec.encode(trajectory))
+
+    async def _abandon_due(self, partition: int, tick: Tick) -> None:
+        for key, raw in list(self.pending.items()):
+            state = self.codec.decode_as(raw, PendingCall)
+            if state.partition != partition:
+                continue
+            reason = closed_reason(state, tick.at, self.limits)
+            if reason is not None:
+                await self._close(key, state, reason)
+
+    # -- 2. reward ---------------------------------------------------------------------------
+
+    async def _reward(self, event: Any) -> None:
+        record = self._decode(event)
+        msg = event.message
+        if isinstance(record, Tick):
+            await self._reward_due(msg.partition, record)
+            return
+        if not isinstance(record, Trajectory | UserFeedback):
+            raise RecordError(f"{record.avro_name} does not belong on {msg.topic}")
+        key = self._check_key(event, record.call_id)
+        raw = self.awaiting.get(key)
+        entry = (
+            self.codec.decode_as(raw, AwaitingReward)
+            if raw
+            else AwaitingReward(call_id=record.call_id, partition=msg.partition, since=utcnow())
+        )
+        if isinstance(record, UserFeedback):
+            if all(f.event_id != record.event_id for f in entry.feedback):
+                entry.feedback.append(record)
+        else:
+            entry.trajectory = record
+        trajectory = entry.trajectory
+        if trajectory is not None:
+            known = {f.event_id for f in trajectory.feedback}
+            trajectory.feedback.extend(f for f in entry.feedback if f.event_id not in known)
+            waiting = (
+                self.rewarder.wants_feedback
+                and not trajectory.feedback
+                and self.feedback_grace > timedelta(0)
+            )
+            if not waiting:
+                await self._score(key, trajectory, event)
+                return
+        self.awaiting[key] = self.codec.encode(entry)
+
+    async def _reward_due(self, partition: int, tick: Tick) -> None:
+        orphan_ttl = self.limits.abandon_after
+        for key, raw in list(self.awaiting.items()):
+            entry = self.codec.decode_as(raw, AwaitingReward)
+            if entry.partition != partition:
+                continue
+            age = tick.at - entry.since
+            if entry.trajectory is not None and age >= self.feedback_grace:
+                await self._score(key, entry.trajectory, None)
+            elif entry.trajectory is None and age >= orphan_ttl:
+                # feedback for a call that was not selected (or never ended): not training data
+                self.stats["user_feedback.unmatched"] += len(entry.feedback)
+                del self.awaiting[key]
+
+    async def _score(self, key: bytes, trajectory: Trajectory, event: Any | None) -> None:
+        if key in self.awaiting:
+            del self.awaiting[key]
+        try:
+            rewarded = self.rewarder(trajectory)
+        except RewardError as exc:
+            if event is None:
+                log.warning("reward failed for %s: %s", trajectory.call_id, exc)
+                self.stats["dead_letters.reward"] += 1
+                await self.t_dead.send(key=key, value=self.codec.encode(DeadLetter(
+                    reason=str(exc), error_type=type(exc).__name__, stage="reward",
+                    source_topic=self.topics.trajectories, source_partition=-1, source_offset=-1,
+                    key=key, payload=self.codec.encode(trajectory), failed_at=utcnow(),
+                    worker=self.worker_name)))
+            else:
+                await self._dead_letter("reward", exc, event, payload=self.codec.encode(trajectory))
+            return
+        self.stats["trajectories.rewarded"] += 1
+        await self.t_rewarded.send(key=key, value=self.codec.encode(rewarded))
+
+    # -- 3. feedback -------------------------------------------------------------------------
+
+    async def _feedback(self, event: Any) -> None:
+        rewarded = self.codec.decode_as(event.message.value, RewardedTrajectory)
+        started = time.monotonic()
+        max_age = self.settings.trinity.retry_max_age_s
+        attempts = 0
+        for delay in backoff_delays(base=0.2, cap=10.0):
+            attempts += 1
+            try:
+                await self.trinity.feedback(
+                    rewarded.msg_ids, rewarded.reward, rewarded.task_id, rewarded.run_id
+                )
+                break
+            except TrinityUnavailable as exc:
+                if time.monotonic() - started + delay > max_age:
+                    raise RecordError(
+                        f"Trinity unavailable for {max_age:g}s ({attempts} attempts): {exc}"
+                    ) from exc
+                self.stats["feedback.retries"] += 1
+                if attempts == 1 or attempts % 10 == 0:
+                    log.warning("feedback for %s: %s; retrying", rewarded.call_id, exc)
+                await asyncio.sleep(delay)
+            except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
+                raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
+        self.stats["feedback.acked"] += 1
+        ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
+        await self.t_ledger.send(
+            key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
+        )
+
+    # -- 4. ledger ---------------------------------------------------------------------------
+
+    async def _ledger(self, event: Any) -> None:
+        record = self._decode(event)
+        raw = self.ledger.get(LEDGER_KEY)
+        state = self.codec.decode_as(raw, LedgerState) if raw else LedgerState()
+        now = utcnow()
+        final = False
+        if isinstance(record, FeedbackAck):
+            if not apply_ack(state, record, now, self.ledger_cfg):
+                self.stats["ledger.duplicate_acks"] += 1
+                return
+        elif isinstance(record, Tick):
+            final = record.final
+        else:
+            raise RecordError(f"{record.avro_name} does not belong on {event.message.topic}")
+        for summary in due_windows(state, now, self.ledger_cfg):
+            key = f"{summary.agent_name}|{summary.model}|{summary.window_start.isoformat()}"
+            await self.t_windows.send(key=key.encode(), value=self.codec.encode(summary))
+        plan = due_commit(state, now, self.ledger_cfg, final=final)
+        if plan is not None:
+            try:
+                answer = await self.trinity.commit()
+            except TrinityError as exc:
+                # the batch stays: the next tick tries again
+                log.warning("commit %d failed: %s; will retry", plan.seq, exc)
+                self.stats["commit.failures"] += 1
+            else:
+                record_ = commit_done(state, plan, json.dumps(answer, sort_keys=True))
+                self.stats["commits"] += 1
+                log.info("commit %d: %d feedbacks", record_.commit_seq, record_.feedback_count)
+                await self.t_commits.send(
+                    key=str(record_.commit_seq).encode(), value=self.codec.encode(record_)
+                )
+        self.ledger[LEDGER_KEY] = self.codec.encode(state)
+
+
+def _where(event: Any) -> str:
+    msg = event.message
+    return f"{msg.topic}[{msg.partition}]@{msg.offset}"

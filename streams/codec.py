@@ -1,0 +1,201 @@
+"""Avro single-object encoding of every record that crosses Kafka.
+
+Each Kafka value is ``C3 01`` + the 8-byte little-endian CRC-64-AVRO fingerprint of the writer
+schema's canonical form + the Avro binary body (the Avro specification's "single object
+encoding"). The fingerprint tells a reader which schema wrote the bytes, so one topic can carry
+several record types (the agent-events topic carries AgentCall and Completion) and a reader can
+resolve an older or newer writer schema against its own (Avro schema resolution).
+
+The registry loads ``schemas/<namespace>.<Name>.avsc`` with fastavro. Writer schemas of other
+versions are added with :meth:`SchemaRegistry.register_writer`; a record written with a schema
+the registry does not know is a :class:`~streams.errors.DecodeError` (it goes to the
+dead-letter topic and can be replayed once the schema is registered), never a guess.
+
+Example::
+
+    codec = SchemaRegistry.default()
+    data = codec.encode(call)            # bytes for Kafka
+    again = codec.decode(data)           # the same AgentCall
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+import fastavro
+import pydantic
+from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_canonical_form
+
+from .errors import DecodeError, ValidationError
+from .models import MODELS, AvroModel
+
+__all__ = ["MAGIC", "SchemaRegistry", "schema_dir", "schema_fingerprint"]
+
+MAGIC = b"\xc3\x01"
+_HEADER = len(MAGIC) + 8
+
+M = TypeVar("M", bound=AvroModel)
+
+
+def schema_dir() -> Path:
+    """Where the ``.avsc`` files are: the repository's ``schemas/`` or the installed copy."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "schemas", here / "_schemas"):
+        if candidate.is_dir() and any(candidate.glob("*.avsc")):
+            return candidate
+    raise FileNotFoundError(f"no Avro schemas found next to {here}")
+
+
+def schema_fingerprint(parsed: Any) -> bytes:
+    """CRC-64-AVRO fingerprint of a parsed schema, as the 8 little-endian header bytes."""
+    # fastavro prints the fingerprint's bytes in little-endian order, which is exactly the
+    # order the single-object header wants (checked against the spec's "null" vector in tests).
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+
+
+class _Writer:
+    __slots__ = ("fingerprint", "model", "name", "schema")
+
+    def __init__(self, name: str, schema: Any, model: type[AvroModel] | None):
+        self.name = name
+        self.schema = schema
+        self.model = model
+        self.fingerprint = schema_fingerprint(schema)
+
+
+class SchemaRegistry:
+    """Encodes models to single-object Avro and decodes bytes back to models."""
+
+    def __init__(self, directory: Path | None = None, models: Iterable[type[AvroModel]] = MODELS):
+        self.directory = directory or schema_dir()
+        self._by_model: dict[type[AvroModel], _Writer] = {}
+        self._by_fingerprint: dict[bytes, _Writer] = {}
+        # reader schemas by full name: what this version of the code reads into
+        self._readers: dict[str, Any] = {}
+        for model in models:
+            # each schema is loaded on its own: fastavro mutates the named types it shares
+            path = self.directory / f"{model.avro_name}.avsc"
+            parsed = load_schema(str(path), _write_hint=True)
+            writer = _Writer(model.avro_name, parsed, model)
+            self._by_model[model] = writer
+            self._by_fingerprint[writer.fingerprint] = writer
+            self._readers[model.avro_name] = parsed
+
+    @classmethod
+    def default(cls) -> SchemaRegistry:
+        """The registry of the schemas shipped with the package (built once per process)."""
+        return _default_registry()
+
+    def schema_of(self, model: type[AvroModel]) -> Any:
+        return self._by_model[model].schema
+
+    def fingerprint_of(self, model: type[AvroModel]) -> bytes:
+        return self._by_model[model].fingerprint
+
+    def register_writer(self, schema: dict[str, Any] | str) -> bytes:
+        """Teach the registry another version of a record's schema (e.g. from a newer producer).
+
+        Records written with it are then resolved against this code's reader schema of the same
+        full name. Returns the schema's fingerprint.
+        """
+        raw = json.loads(schema) if isinstance(schema, str) else schema
+        own = _full_name(raw)
+        named: dict[str, Any] = {}
+        for path in sorted(self.directory.glob("*.avsc")):
+            if path.stem != own:
+                load_schema(str(path), named_schemas=named, _write_hint=False)
+        named.pop(own, None)
+        parsed = parse_schema(raw, named_schemas=named)
+        name = parsed["name"]
+        model = next((m for m in self._by_model if m.avro_name == name), None)
+        writer = _Writer(name, parsed, model)
+        self._by_fingerprint.setdefault(writer.fingerprint, writer)
+        return writer.fingerprint
+
+    # -- encoding ---------------------------------------------------------------------------
+
+    def encode(self, record: AvroModel) -> bytes:
+        writer = self._by_model[type(record)]
+        buf = io.BytesIO()
+        buf.write(MAGIC)
+        buf.write(writer.fingerprint)
+        fastavro.schemaless_writer(buf, writer.schema, record.to_avro())
+        return buf.getvalue()
+
+    def encode_with(self, schema: Any, record: dict[str, Any]) -> bytes:
+        """Encode a plain dict with any parsed schema (for tests of other schema versions)."""
+        buf = io.BytesIO()
+        buf.write(MAGIC)
+        buf.write(schema_fingerprint(schema))
+        fastavro.schemaless_writer(buf, schema, record)
+        return buf.getvalue()
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def decode_raw(self, data: bytes) -> tuple[str, dict[str, Any]]:
+        """Decode to the record's full name and a plain dict (reader schema of this code)."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise DecodeError(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < _HEADER or data[:2] != MAGIC:
+            raise DecodeError(
+                "not an Avro single-object record (missing the C3 01 header); "
+                "publish with the trajstream SDK or `trajstream produce`"
+            )
+        writer = self._by_fingerprint.get(data[2:_HEADER])
+        if writer is None:
+            raise DecodeError(
+                f"unknown writer schema fingerprint {data[2:_HEADER].hex()}; "
+                "register the producer's schema (newer schema version?)"
+            )
+        reader = self._readers.get(writer.name, writer.schema)
+        try:
+            record = fastavro.schemaless_reader(
+                io.BytesIO(data[_HEADER:]), writer.schema, reader, return_record_name=False
+            )
+        except Exception as exc:  # fastavro raises many types for corrupt bodies
+            raise DecodeError(f"corrupt {writer.name} body: {exc}") from exc
+        if not isinstance(record, dict):
+            raise DecodeError(f"{writer.name} did not decode to a record")
+        return writer.name, record
+
+    def decode(self, data: bytes) -> AvroModel:
+        """Decode bytes to the model of whichever record type wrote them."""
+        name, record = self.decode_raw(data)
+        writer = next(w for w in self._by_model.values() if w.name == name)
+        assert writer.model is not None
+        try:
+            return writer.model.model_validate(record)
+        except pydantic.ValidationError as exc:
+            raise ValidationError(f"invalid {name}: {_summarise(exc)}") from exc
+
+    def decode_as(self, data: bytes, model: type[M]) -> M:
+        """Decode bytes that must hold a ``model`` record."""
+        value = self.decode(data)
+        if not isinstance(value, model):
+            raise DecodeError(f"expected {model.avro_name}, got {type(value).avro_name}")
+        return value
+
+
+def _full_name(schema: dict[str, Any]) -> str:
+    name = str(schema["name"])
+    return name if "." in name else f"{schema.get('namespace', '')}.{name}"
+
+
+def _summarise(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "record"
+        parts.append(f"{loc}: {err['msg']}")
+    more = len(exc.errors()) - 5
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+@lru_cache(maxsize=1)
+def _default_registry() -> SchemaRegistry:
+    return SchemaRegistry()

@@ -1,0 +1,206 @@
+"""The ledger: commits to Trinity and reward windows, decided from acknowledged feedback.
+
+Every feedback that Trinity acknowledged is appended to the single-partition ledger topic, with
+processing-time ticks between them. One consumer owns that partition at a time, so these
+decisions are made in one place for the whole deployment, in one order, from durable input:
+
+Commits
+  Processing time is cut into aligned intervals of ``interval`` seconds. When a tick shows that
+  the interval in which the current batch started has ended, and the batch holds at least
+  ``min_batch`` acknowledgements, one ``/commit`` is due. Intervals without acknowledged
+  feedback commit nothing (``commit_empty`` changes that). A batch smaller than ``min_batch``
+  carries over. A final tick (graceful stop) commits whatever was acknowledged. An
+  acknowledgement delivered twice (same trajectory id among the last ``RECENT_IDS``) counts
+  once. The batch is kept as running statistics, so the state stays small however large the
+  interval.
+
+Reward windows
+  Event-time tumbling windows per agent name and model: count, mean, min, max, standard
+  deviation (Welford), success rate. A window is final when the watermark (largest event time
+  seen) passes its end plus ``grace``, or, when the ledger has been idle for ``grace`` seconds of
+  processing time, when the wall clock passes its end. Each window is emitted once; a
+  trajectory for an emitted window is late and counted in the next summary of its agent/model.
+
+Unlike Faust's windowed tables, nothing here depends on a wall-clock cleanup timer or on
+in-memory registration that a restart forgets: the state is one record in a changelog-backed
+table, and the clock arrives as data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from .models import CommitRecord, FeedbackAck, LedgerState, WindowAccumulator, WindowSummary
+
+RECENT_IDS = 1000
+
+__all__ = ["RECENT_IDS", "CommitPlan", "LedgerConfig", "apply_ack", "commit_done", "due_commit", "due_windows"]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    interval: timedelta = timedelta(seconds=300)
+    min_batch: int = 1
+    commit_empty: bool = False
+    window: timedelta = timedelta(seconds=60)
+    grace: timedelta = timedelta(seconds=10)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPlan:
+    seq: int
+    interval_start: datetime
+    interval_end: datetime
+    count: int
+    reward_sum: float
+    reward_min: float
+    reward_max: float
+    final: bool
+
+
+def _ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _interval_index(t: datetime, interval: timedelta) -> int:
+    return int(t.timestamp() // interval.total_seconds())
+
+
+def _window_start(t: datetime, size: timedelta) -> datetime:
+    step = int(size.total_seconds() * 1000)
+    return _from_ms(_ms(t) // step * step)
+
+
+def apply_ack(state: LedgerState, ack: FeedbackAck, now: datetime, cfg: LedgerConfig) -> bool:
+    """Add one acknowledged feedback to the batch and its window. False for a duplicate."""
+    rewarded = ack.rewarded
+    tid = rewarded.trajectory_id
+    if tid in state.recent_ids:
+        return False
+    state.recent_ids.append(tid)
+    del state.recent_ids[:-RECENT_IDS]
+    r = rewarded.reward
+    if state.batch_count == 0:
+        state.batch_start = now
+        state.batch_min = state.batch_max = r
+    state.batch_count += 1
+    state.batch_sum += r
+    state.batch_min = min(state.batch_min, r)
+    state.batch_max = max(state.batch_max, r)
+    state.last_event = now
+    if state.watermark is None or rewarded.event_time > state.watermark:
+        state.watermark = rewarded.event_time
+
+    agent, model = rewarded.agent_name or "-", rewarded.model or "-"
+    pair = f"{agent}|{model}"
+    start = _window_start(rewarded.event_time, cfg.window)
+    if _ms(start) < state.closed_until.get(pair, -(2**62)):
+        state.late[pair] = state.late.get(pair, 0) + 1
+        return True
+    acc = next(
+        (w for w in state.windows
+         if w.agent_name == agent and w.model == model and w.window_start == start),
+        None,
+    )
+    if acc is None:
+        acc = WindowAccumulator(agent_name=agent, model=model, window_start=start)
+        state.windows.append(acc)
+    acc.count += 1
+    delta = rewarded.reward - acc.mean
+    acc.mean += delta / acc.count
+    acc.m2 += delta * (rewarded.reward - acc.mean)
+    acc.min = min(acc.min, rewarded.reward)
+    acc.max = max(acc.max, rewarded.reward)
+    acc.successes += int(rewarded.succeeded)
+    return True
+
+
+def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[WindowSummary]:
+    """Close and remove every window that is final now; returns their summaries, oldest first."""
+    horizon = None
+    if state.watermark is not None:
+        horizon = state.watermark - cfg.grace
+    idle = state.last_event is None or now - state.last_event >= cfg.grace
+    if idle:
+        horizon = now if horizon is None else max(horizon, now)
+    if horizon is None:
+        return []
+    final, keep = [], []
+    for acc in sorted(state.windows, key=lambda w: (w.window_start, w.agent_name, w.model)):
+        end = acc.window_start + cfg.window
+        (final if end <= horizon else keep).append(acc)
+    state.windows = keep
+    summaries = []
+    for acc in final:
+        pair = f"{acc.agent_name}|{acc.model}"
+        end = acc.window_start + cfg.window
+        state.closed_until[pair] = max(state.closed_until.get(pair, 0), _ms(end))
+        summaries.append(
+            WindowSummary(
+                window_start=acc.window_start,
+                window_end=end,
+                agent_name=acc.agent_name,
+                model=acc.model,
+                count=acc.count,
+                mean=acc.mean,
+                min=acc.min,
+                max=acc.max,
+                stddev=math.sqrt(acc.m2 / acc.count) if acc.count else 0.0,
+                success_rate=acc.successes / acc.count if acc.count else 0.0,
+                late=state.late.pop(pair, 0),
+                emitted_at=now,
+            )
+        )
+    return summaries
+
+
+def due_commit(state: LedgerState, now: datetime, cfg: LedgerConfig, final: bool = False) -> CommitPlan | None:
+    """The commit due at ``now``, if any. Nothing changes until :func:`commit_done`."""
+    count = state.batch_count
+    if final:
+        if count == 0:
+            return None
+    else:
+        anchor = state.batch_start if count else (state.last_commit or None)
+        if count == 0 and not cfg.commit_empty:
+            return None
+        if anchor is not None and _interval_index(now, cfg.interval) <= _interval_index(anchor, cfg.interval):
+            return None
+        if count < cfg.min_batch and not (count == 0 and cfg.commit_empty):
+            return None
+    start = state.batch_start or state.last_commit or now
+    return CommitPlan(
+        seq=state.next_seq,
+        interval_start=start,
+        interval_end=now,
+        count=count,
+        reward_sum=state.batch_sum,
+        reward_min=state.batch_min,
+        reward_max=state.batch_max,
+        final=final,
+    )
+
+
+def commit_done(state: LedgerState, plan: CommitPlan, response: str) -> CommitRecord:
+    """Record that Trinity acknowledged ``plan``'s commit; starts the next batch."""
+    n = plan.count
+    state.next_seq = plan.seq + 1
+    state.batch_count, state.batch_sum, state.batch_start = 0, 0.0, None
+    state.last_commit = plan.interval_end
+    return CommitRecord(
+        commit_seq=plan.seq,
+        interval_start=plan.interval_start,
+        interval_end=plan.interval_end,
+        feedback_count=n,
+        reward_mean=plan.reward_sum / n if n else None,
+        reward_min=plan.reward_min if n else None,
+        reward_max=plan.reward_max if n else None,
+        trinity_response=response,
+        final=plan.final,
+    )

@@ -1,0 +1,371 @@
+"""Pydantic models that mirror the Avro schemas in ``schemas/``, one class per record type.
+
+The Avro schemas are the contract on the wire; these models are how Python code builds and
+reads those records, and how JSON-lines input is validated. Field names and types match the
+schemas one to one (a unit test checks every class against its schema), so converting is a
+plain ``model_dump()`` on the way out and ``model_validate()`` on the way in.
+
+Timestamps are timezone-aware UTC datetimes truncated to milliseconds, the precision of Avro's
+``timestamp-millis``; a naive datetime is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "MODELS",
+    "AgentCall",
+    "AvroModel",
+    "AwaitingReward",
+    "CallPhase",
+    "CallStatus",
+    "ChatMessage",
+    "CommitRecord",
+    "Completion",
+    "DeadLetter",
+    "FeedbackAck",
+    "FeedbackKind",
+    "LedgerState",
+    "PendingCall",
+    "RewardedTrajectory",
+    "Selection",
+    "StepKind",
+    "Tick",
+    "TrainingMark",
+    "Trajectory",
+    "UserFeedback",
+    "UtcDateTime",
+    "WindowAccumulator",
+    "WindowSummary",
+    "utcnow",
+]
+
+
+def _to_utc_millis(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamp has no timezone; send UTC, e.g. 2026-01-31T12:00:00Z")
+    value = value.astimezone(UTC)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+UtcDateTime = Annotated[datetime, AfterValidator(_to_utc_millis)]
+"""A timezone-aware datetime, normalised to UTC at millisecond precision."""
+
+
+def utcnow() -> datetime:
+    """Now, in UTC, at millisecond precision (what survives an Avro round trip)."""
+    return _to_utc_millis(datetime.now(UTC))
+
+
+class CallPhase(StrEnum):
+    START = "START"
+    END = "END"
+
+
+class CallStatus(StrEnum):
+    OK = "OK"
+    ERROR = "ERROR"
+    CANCELLED = "CANCELLED"
+
+
+class StepKind(StrEnum):
+    LLM = "LLM"
+    TOOL = "TOOL"
+
+
+class FeedbackKind(StrEnum):
+    RATING = "RATING"
+    THUMBS = "THUMBS"
+    CORRECTION = "CORRECTION"
+    PREFERENCE = "PREFERENCE"
+
+
+class AvroModel(BaseModel):
+    """Base of every record model: strict about unknown fields, bound to one Avro schema."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, use_enum_values=False)
+    avro_name: ClassVar[str]
+
+    def to_avro(self) -> dict[str, Any]:
+        """The record as fastavro writes it."""
+        return self.model_dump(mode="python")
+
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class ChatMessage(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.ChatMessage"
+    role: NonEmpty
+    content: str = ""
+    name: str | None = None
+
+
+class TrainingMark(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.TrainingMark"
+    labels: list[str] = Field(default_factory=list)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    task_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    run_id: Annotated[int, Field(ge=0)] | None = None
+    marked_at: UtcDateTime
+
+
+class AgentCall(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.AgentCall"
+    event_id: NonEmpty
+    call_id: NonEmpty
+    phase: CallPhase
+    event_time: UtcDateTime
+    operation_name: str = "invoke_agent"
+    agent_id: str | None = None
+    agent_name: str | None = None
+    agent_version: str | None = None
+    conversation_id: str | None = None
+    input_messages: list[ChatMessage] = Field(default_factory=list)
+    output: str | None = None
+    status: CallStatus | None = None
+    error_type: str | None = None
+    step_count: Annotated[int, Field(ge=0)] | None = None
+    mark: TrainingMark | None = None
+    attributes: dict[str, str] = Field(default_factory=dict)
+
+
+class Completion(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.Completion"
+    event_id: NonEmpty
+    call_id: NonEmpty
+    seq: Annotated[int, Field(ge=0, lt=2**31)]
+    event_time: UtcDateTime
+    kind: StepKind = StepKind.LLM
+    operation_name: str = "chat"
+    provider_name: str | None = None
+    request_model: str | None = None
+    response_model: str | None = None
+    response_id: str | None = None
+    finish_reasons: list[str] = Field(default_factory=list)
+    input_tokens: Annotated[int, Field(ge=0)] | None = None
+    output_tokens: Annotated[int, Field(ge=0)] | None = None
+    input_messages: list[ChatMessage] = Field(default_factory=list)
+    output_messages: list[ChatMessage] = Field(default_factory=list)
+    tool_name: str | None = None
+    tool_calls: list[str] = Field(default_factory=list)
+    latency_ms: Annotated[float, Field(ge=0)] | None = None
+
+
+class UserFeedback(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.UserFeedback"
+    event_id: NonEmpty
+    call_id: NonEmpty
+    response_id: str | None = None
+    event_time: UtcDateTime
+    kind: FeedbackKind
+    rating: float | None = None
+    rating_min: float = 1.0
+    rating_max: float = 5.0
+    thumbs_up: bool | None = None
+    correction: str | None = None
+    preferred_response_id: str | None = None
+    user_id: str | None = None
+    comment: str | None = None
+
+    @field_validator("rating")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("rating must be a finite number")
+        return v
+
+
+class Selection(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.Selection"
+    selected: bool
+    strategy: str
+    reason: str
+
+
+class Trajectory(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.Trajectory"
+    trajectory_id: NonEmpty
+    call_id: NonEmpty
+    task_id: Annotated[str, Field(min_length=1, max_length=64)]
+    run_id: int = 0
+    agent_id: str | None = None
+    agent_name: str | None = None
+    agent_version: str | None = None
+    conversation_id: str | None = None
+    input_messages: list[ChatMessage] = Field(default_factory=list)
+    output: str | None = None
+    status: CallStatus | None = None
+    error_type: str | None = None
+    steps: list[Completion] = Field(default_factory=list)
+    mark: TrainingMark | None = None
+    selection: Selection
+    feedback: list[UserFeedback] = Field(default_factory=list)
+    started_at: UtcDateTime | None = None
+    ended_at: UtcDateTime
+    closed_reason: str = "ended"
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """Response ids of the LLM steps, in step order: what Trinity calls msg_ids."""
+        return [s.response_id for s in self.steps if s.kind is StepKind.LLM and s.response_id]
+
+
+class RewardedTrajectory(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.RewardedTrajectory"
+    trajectory_id: NonEmpty
+    call_id: NonEmpty
+    task_id: Annotated[str, Field(min_length=1, max_length=64)]
+    run_id: int = 0
+    msg_ids: list[str]
+    reward: float
+    components: dict[str, float] = Field(default_factory=dict)
+    reward_fn: str
+    reward_version: str = "1"
+    agent_name: str | None = None
+    model: str | None = None
+    succeeded: bool = True
+    event_time: UtcDateTime
+    labels: list[str] = Field(default_factory=list)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("reward must be a finite number")
+        return v
+
+
+class FeedbackAck(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.FeedbackAck"
+    rewarded: RewardedTrajectory
+    acked_at: UtcDateTime
+    attempts: int = 1
+
+
+class Tick(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.Tick"
+    at: UtcDateTime
+    source: str = ""
+    final: bool = False
+
+
+class WindowSummary(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.WindowSummary"
+    window_start: UtcDateTime
+    window_end: UtcDateTime
+    agent_name: str
+    model: str
+    count: int
+    mean: float
+    min: float
+    max: float
+    stddev: float
+    success_rate: float
+    late: int = 0
+    emitted_at: UtcDateTime
+
+
+class CommitRecord(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.CommitRecord"
+    commit_seq: int
+    interval_start: UtcDateTime
+    interval_end: UtcDateTime
+    feedback_count: int
+    reward_mean: float | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    trinity_response: str = ""
+    final: bool = False
+
+
+class DeadLetter(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.DeadLetter"
+    reason: str
+    error_type: str
+    stage: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None = None
+    payload: bytes
+    failed_at: UtcDateTime
+    worker: str = ""
+
+
+class PendingCall(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.PendingCall"
+    call_id: NonEmpty
+    start: AgentCall | None = None
+    end: AgentCall | None = None
+    steps: list[Completion] = Field(default_factory=list)
+    first_seen: UtcDateTime
+    bytes: int = 0
+    partition: int = -1
+
+
+class AwaitingReward(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.AwaitingReward"
+    call_id: NonEmpty
+    partition: int = -1
+    trajectory: Trajectory | None = None
+    feedback: list[UserFeedback] = Field(default_factory=list)
+    since: UtcDateTime
+
+
+class WindowAccumulator(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.WindowAccumulator"
+    agent_name: str
+    model: str
+    window_start: UtcDateTime
+    count: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    min: float = math.inf
+    max: float = -math.inf
+    successes: int = 0
+
+
+class LedgerState(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.LedgerState"
+    next_seq: int = 0
+    batch_start: UtcDateTime | None = None
+    batch_count: int = 0
+    batch_sum: float = 0.0
+    batch_min: float = 0.0
+    batch_max: float = 0.0
+    recent_ids: list[str] = Field(default_factory=list)
+    last_commit: UtcDateTime | None = None
+    watermark: UtcDateTime | None = None
+    last_event: UtcDateTime | None = None
+    windows: list[WindowAccumulator] = Field(default_factory=list)
+    closed_until: dict[str, int] = Field(default_factory=dict)
+    late: dict[str, int] = Field(default_factory=dict)
+
+
+MODELS: tuple[type[AvroModel], ...] = (
+    ChatMessage,
+    TrainingMark,
+    AgentCall,
+    Completion,
+    UserFeedback,
+    Selection,
+    Trajectory,
+    RewardedTrajectory,
+    FeedbackAck,
+    Tick,
+    WindowSummary,
+    CommitRecord,
+    DeadLetter,
+    PendingCall,
+    AwaitingReward,
+    LedgerState,
+)
+"""Every record model, in dependency order."""

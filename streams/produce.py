@@ -1,0 +1,79 @@
+"""``trajstream produce``: publish JSON-lines files of agent events.
+
+For producers in other languages and for captured traffic. One event per line, an object with a
+``type`` of ``agent_call``, ``completion`` or ``user_feedback`` and the fields of that record
+(see ``schemas/``; timestamps as ISO 8601 with a timezone, e.g. ``2026-01-31T12:00:00Z``)::
+
+    {"type": "agent_call", "event_id": "e1", "call_id": "c1", "phase": "START", "event_time": "2026-01-31T12:00:00Z"}
+
+Every line is validated before anything is published. Invalid lines are reported with their line
+number and reason, and then nothing is published unless ``skip_invalid`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pydantic
+
+from .codec import _summarise
+from .models import AgentCall, Completion, UserFeedback
+
+__all__ = ["LineError", "Parsed", "parse_lines", "read_events"]
+
+TYPES: dict[str, type[AgentCall] | type[Completion] | type[UserFeedback]] = {
+    "agent_call": AgentCall,
+    "completion": Completion,
+    "user_feedback": UserFeedback,
+}
+
+
+@dataclass(frozen=True)
+class LineError:
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason}"
+
+
+@dataclass
+class Parsed:
+    events: list[AgentCall | Completion | UserFeedback] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+
+
+def parse_lines(lines: Iterable[str]) -> Parsed:
+    """Validate every line; blank lines are skipped."""
+    out = Parsed()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            out.errors.append(LineError(number, f"not JSON: {exc.msg} at column {exc.colno}"))
+            continue
+        if not isinstance(obj, dict):
+            out.errors.append(LineError(number, "not a JSON object"))
+            continue
+        kind = obj.pop("type", None)
+        model = TYPES.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            out.errors.append(
+                LineError(number, f"type must be one of {', '.join(TYPES)}, got {kind!r}")
+            )
+            continue
+        try:
+            out.events.append(model.model_validate(obj))
+        except pydantic.ValidationError as exc:
+            out.errors.append(LineError(number, f"invalid {kind}: {_summarise(exc)}"))
+    return out
+
+
+def read_events(path: Path) -> Parsed:
+    with path.open(encoding="utf-8") as fh:
+        return parse_lines(fh)

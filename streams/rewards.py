@@ -1,0 +1,192 @@
+"""Rewards: a number for each trajectory, from pluggable functions.
+
+A reward function is any callable ``fn(trajectory) -> float`` or
+``fn(trajectory) -> RewardResult`` (a value with named components). Optional attributes on the
+callable: ``reward_name``, ``reward_version`` (recorded with every reward) and
+``wants_feedback`` (the reward stage then waits up to the feedback grace period for user
+feedback before scoring). Functions are named in the settings by dotted path
+(``package.module:function``) or by an entry point of group ``trajstream.rewards``.
+
+Built-ins (all in [0, 1]): :func:`success`, :func:`answer_length`, :func:`tool_calls`,
+:func:`latency_efficiency`, :func:`user_rating`, and :class:`Composite`, a weighted sum of
+others with the weights normalised to 1::
+
+    Composite({"streams.rewards:success": 0.4, "streams.rewards:user_rating": 0.3,
+               "streams.rewards:latency_efficiency": 0.2, "streams.rewards:answer_length": 0.1})
+
+:class:`Rewarder` applies one function and refuses a result that is NaN or infinite, or a
+function that raises: :class:`~streams.errors.RewardError`, and the trajectory goes to the
+dead-letter topic instead of Trinity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError, RewardError
+from .models import CallStatus, FeedbackKind, RewardedTrajectory, StepKind, Trajectory
+from .plugins import load_object
+
+__all__ = [
+    "Composite",
+    "RewardFn",
+    "RewardResult",
+    "Rewarder",
+    "answer_length",
+    "latency_efficiency",
+    "load_reward",
+    "success",
+    "tool_calls",
+    "user_rating",
+]
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    value: float
+    components: Mapping[str, float] = field(default_factory=dict)
+
+
+RewardFn = Callable[[Trajectory], "float | RewardResult"]
+
+
+def success(trajectory: Trajectory) -> float:
+    """1.0 when the call ended OK, else 0.0."""
+    return 1.0 if trajectory.status is CallStatus.OK else 0.0
+
+
+def answer_length(trajectory: Trajectory, target: int = 400) -> float:
+    """Rises with the length of the final output up to ``target`` characters, then stays at 1."""
+    length = len(trajectory.output or "")
+    return min(1.0, length / target) if target > 0 else 1.0
+
+
+def tool_calls(trajectory: Trajectory, budget: int = 8) -> float:
+    """1.0 for a call that used no tools, falling linearly to 0 at ``budget`` tool calls."""
+    used = sum(1 for s in trajectory.steps if s.kind is StepKind.TOOL) or sum(
+        len(s.tool_calls) for s in trajectory.steps
+    )
+    return max(0.0, 1.0 - used / budget) if budget > 0 else 0.0
+
+
+def latency_efficiency(trajectory: Trajectory, target_seconds: float = 10.0) -> float:
+    """1.0 for an instant call, 0.5 at ``target_seconds``, towards 0 for slower ones."""
+    if trajectory.started_at is None:
+        return 0.5
+    seconds = max(0.0, (trajectory.ended_at - trajectory.started_at).total_seconds())
+    return target_seconds / (target_seconds + seconds) if target_seconds > 0 else 0.0
+
+
+def user_rating(trajectory: Trajectory) -> float:
+    """The users' judgement normalised to [0, 1]: ratings by their scale, thumbs as 1 or 0.
+
+    Several judgements are averaged; without any, 0.5 (neutral).
+    """
+    scores = []
+    for fb in trajectory.feedback:
+        if fb.kind is FeedbackKind.RATING and fb.rating is not None:
+            span = fb.rating_max - fb.rating_min
+            if span > 0:
+                scores.append(min(1.0, max(0.0, (fb.rating - fb.rating_min) / span)))
+        elif fb.kind is FeedbackKind.THUMBS and fb.thumbs_up is not None:
+            scores.append(1.0 if fb.thumbs_up else 0.0)
+    return sum(scores) / len(scores) if scores else 0.5
+
+
+user_rating.wants_feedback = True  # type: ignore[attr-defined]
+
+
+class Composite:
+    """A weighted sum of reward functions; weights are normalised to sum to 1."""
+
+    def __init__(self, weights: Mapping[str, float], loader: Callable[[str], object] = load_object):
+        if not weights:
+            raise ConfigError("reward.weights is empty: name at least one reward function")
+        total = sum(weights.values())
+        if total <= 0 or any(w < 0 for w in weights.values()):
+            raise ConfigError("reward.weights must be non-negative and sum to more than 0")
+        self.parts = [(name, _as_fn(loader(name), name), w / total) for name, w in weights.items()]
+        self.reward_name = "composite(" + ",".join(f"{n}={w:g}" for n, w in weights.items()) + ")"
+        self.reward_version = "1"
+        self.wants_feedback = any(getattr(fn, "wants_feedback", False) for _, fn, _ in self.parts)
+
+    def __call__(self, trajectory: Trajectory) -> RewardResult:
+        components = {}
+        for name, fn, _ in self.parts:
+            components[name.rpartition(":")[2] or name] = _value(fn(trajectory))
+        value = sum(
+            w * components[name.rpartition(":")[2] or name] for name, _, w in self.parts
+        )
+        return RewardResult(value, components)
+
+
+def _as_fn(obj: object, name: str) -> RewardFn:
+    if isinstance(obj, type):
+        obj = obj()
+    if not callable(obj):
+        raise ConfigError(f"reward function {name!r} is not callable")
+    return obj  # type: ignore[return-value]
+
+
+def _value(result: float | RewardResult) -> float:
+    return float(result.value if isinstance(result, RewardResult) else result)
+
+
+def load_reward(name: str, weights: Mapping[str, float] | None = None) -> RewardFn:
+    """The reward function named in the settings (``composite`` uses ``weights``)."""
+    if name == "composite":
+        return Composite(weights or {})
+    return _as_fn(load_object(name), name)
+
+
+class Rewarder:
+    """Applies one reward function to trajectories and builds the rewarded records."""
+
+    def __init__(self, fn: RewardFn, name: str | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "reward_name", None) or _qualname(fn)
+        self.version = str(getattr(fn, "reward_version", "1"))
+        self.wants_feedback = bool(getattr(fn, "wants_feedback", False))
+
+    def __call__(self, trajectory: Trajectory) -> RewardedTrajectory:
+        try:
+            result = self.fn(trajectory)
+            value = _value(result)
+            components = dict(result.components) if isinstance(result, RewardResult) else {}
+        except Exception as exc:
+            raise RewardError(f"reward function {self.name} raised {type(exc).__name__}: {exc}") from exc
+        bad = [k for k, v in {"reward": value, **components}.items() if not math.isfinite(v)]
+        if bad:
+            raise RewardError(f"reward function {self.name} returned a non-finite {', '.join(bad)}")
+        mark = trajectory.mark
+        last_model = next(
+            (s.response_model or s.request_model for s in reversed(trajectory.steps)
+             if s.kind is StepKind.LLM and (s.response_model or s.request_model)),
+            None,
+        )
+        return RewardedTrajectory(
+            trajectory_id=trajectory.trajectory_id,
+            call_id=trajectory.call_id,
+            task_id=trajectory.task_id,
+            run_id=trajectory.run_id,
+            msg_ids=trajectory.msg_ids,
+            reward=value,
+            components=components,
+            reward_fn=self.name,
+            reward_version=self.version,
+            agent_name=trajectory.agent_name,
+            model=last_model,
+            succeeded=trajectory.status is CallStatus.OK,
+            event_time=trajectory.ended_at,
+            labels=list(mark.labels) if mark else [],
+            metadata=dict(mark.metadata) if mark else {},
+        )
+
+
+def _qualname(fn: Any) -> str:
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{name}"

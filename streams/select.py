@@ -1,0 +1,233 @@
+"""Selection: which finished agent calls become training data.
+
+A strategy looks at a finished call (its start and end events) and returns a
+:class:`~streams.models.Selection`: selected or not, which strategy decided, and why. Strategies
+are pure and deterministic, so every worker, every restart and every replay decides the same way
+for the same call.
+
+- :class:`SamplingRate` selects a fixed fraction of calls. The draw is not random: it is
+  ``sha256(call_id)``'s first 8 bytes, read as a big-endian unsigned integer and divided by
+  2**64, compared with the rate. Agents can compute the same number to know in advance which of
+  their calls will be selected (for example to route those to Trinity)::
+
+      int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big") / 2**64 < rate
+
+- :class:`ExplicitMark` selects calls whose producer attached a training mark, unless the mark
+  is older than its TTL when the call ends (reason ``expired``) or was made after the call
+  ended by more than the allowed clock skew (reason ``mark-from-future``).
+- :class:`AnyOf` / :class:`AllOf` combine strategies; :class:`PerKey` picks a strategy by agent
+  name or model.
+- Plugins: any class with ``name`` and ``decide(call) -> Selection`` (the :class:`Strategy`
+  protocol), named by dotted path ``package.module:Class`` in the settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from .errors import ConfigError
+from .models import AgentCall, Selection
+from .plugins import load_object
+
+__all__ = [
+    "AllOf",
+    "AnyOf",
+    "CallView",
+    "ExplicitMark",
+    "PerKey",
+    "SamplingRate",
+    "Strategy",
+    "build_strategy",
+    "sample_point",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CallView:
+    """What a strategy may look at: the call's start (if seen) and its end."""
+
+    call_id: str
+    start: AgentCall | None
+    end: AgentCall
+    model: str | None = None
+
+    @property
+    def agent_name(self) -> str | None:
+        return self.end.agent_name or (self.start.agent_name if self.start else None)
+
+    @property
+    def mark(self):  # type: ignore[no-untyped-def]
+        return self.end.mark or (self.start.mark if self.start else None)
+
+    @property
+    def ended_at(self) -> datetime:
+        return self.end.event_time
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """A selection strategy: a name for the records and a pure decision per finished call."""
+
+    name: str
+
+    def decide(self, call: CallView) -> Selection: ...
+
+
+def sample_point(call_id: str) -> float:
+    """The call's stable position in [0, 1): selected by a rate p when below p."""
+    digest = hashlib.sha256(call_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass(frozen=True)
+class SamplingRate:
+    rate: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ConfigError(f"sampling rate must be between 0 and 1, got {self.rate}")
+
+    @property
+    def name(self) -> str:
+        return f"sampling({self.rate:g})"
+
+    def decide(self, call: CallView) -> Selection:
+        hit = sample_point(call.call_id) < self.rate
+        return Selection(selected=hit, strategy=self.name, reason="sampled" if hit else "not-sampled")
+
+
+@dataclass(frozen=True)
+class ExplicitMark:
+    ttl: timedelta = timedelta(minutes=1)
+    max_skew: timedelta = timedelta(seconds=5)
+
+    @property
+    def name(self) -> str:
+        return f"marked(ttl={self.ttl.total_seconds():g}s)"
+
+    def decide(self, call: CallView) -> Selection:
+        mark = call.mark
+        if mark is None:
+            return Selection(selected=False, strategy=self.name, reason="unmarked")
+        age = call.ended_at - mark.marked_at
+        if age < -self.max_skew:
+            return Selection(selected=False, strategy=self.name, reason="mark-from-future")
+        if age > self.ttl:
+            return Selection(selected=False, strategy=self.name, reason="expired")
+        return Selection(selected=True, strategy=self.name, reason="marked")
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    strategies: Sequence[Strategy]
+
+    @property
+    def name(self) -> str:
+        return "any(" + ",".join(s.name for s in self.strategies) + ")"
+
+    def decide(self, call: CallView) -> Selection:
+        reasons = []
+        for strategy in self.strategies:
+            decision = strategy.decide(call)
+            if decision.selected:
+                return decision
+            reasons.append(decision.reason)
+        return Selection(selected=False, strategy=self.name, reason=",".join(reasons))
+
+
+@dataclass(frozen=True)
+class AllOf:
+    strategies: Sequence[Strategy]
+
+    @property
+    def name(self) -> str:
+        return "all(" + ",".join(s.name for s in self.strategies) + ")"
+
+    def decide(self, call: CallView) -> Selection:
+        reasons = []
+        for strategy in self.strategies:
+            decision = strategy.decide(call)
+            if not decision.selected:
+                return decision
+            reasons.append(decision.reason)
+        return Selection(selected=True, strategy=self.name, reason=",".join(reasons))
+
+
+@dataclass(frozen=True)
+class PerKey:
+    """A strategy per agent name (or model), with a default for the others."""
+
+    by: str  # "agent" or "model"
+    strategies: Mapping[str, Strategy]
+    default: Strategy
+
+    @property
+    def name(self) -> str:
+        return f"per-{self.by}"
+
+    def decide(self, call: CallView) -> Selection:
+        key = call.agent_name if self.by == "agent" else call.model
+        return self.strategies.get(key or "", self.default).decide(call)
+
+
+def build_strategy(
+    spec: str,
+    *,
+    rate: float = 0.1,
+    mark_ttl: timedelta = timedelta(minutes=1),
+    loader: Callable[[str], object] = load_object,
+) -> Strategy:
+    """Build a strategy from its settings spelling.
+
+    ``sampling``, ``sampling:0.25``, ``marked``, ``marked:120`` (TTL seconds),
+    ``any(marked,sampling:0.1)``, ``all(...)``, or a plugin ``package.module:Class``
+    (instantiated without arguments).
+    """
+    spec = spec.strip()
+    for combinator, cls in (("any(", AnyOf), ("all(", AllOf)):
+        if spec.startswith(combinator) and spec.endswith(")"):
+            inner = _split_top(spec[len(combinator) : -1])
+            if not inner:
+                raise ConfigError(f"selection strategy {spec!r} combines nothing")
+            return cls([build_strategy(s, rate=rate, mark_ttl=mark_ttl, loader=loader) for s in inner])
+    head, _, arg = spec.partition(":")
+    if head == "sampling":
+        return SamplingRate(_number(spec, arg) if arg else rate)
+    if head == "marked":
+        return ExplicitMark(timedelta(seconds=_number(spec, arg)) if arg else mark_ttl)
+    if "." in head and arg:
+        obj = loader(spec)
+        strategy = obj() if isinstance(obj, type) else obj
+        if not isinstance(strategy, Strategy):
+            raise ConfigError(f"selection plugin {spec!r} has no name and decide(call)")
+        return strategy
+    raise ConfigError(
+        f"unknown selection strategy {spec!r}: use sampling[:rate], marked[:ttl_seconds], "
+        "any(...), all(...) or package.module:Class"
+    )
+
+
+def _number(spec: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"selection strategy {spec!r}: {text!r} is not a number") from None
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        depth += ch == "("
+        depth -= ch == ")"
+        current += ch
+    if current.strip():
+        parts.append(current)
+    return [p.strip() for p in parts if p.strip()]

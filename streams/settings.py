@@ -1,0 +1,167 @@
+"""One settings object for the whole application.
+
+Read from, in order of precedence: keyword arguments, environment variables prefixed
+``TRAJSTREAM_`` (nested with ``__``, e.g. ``TRAJSTREAM_COMMIT__INTERVAL_S=60``), a config file
+(TOML or YAML) named by ``TRAJSTREAM_CONFIG`` or ``--config``, then defaults. The standard
+``KAFKA_BOOTSTRAP_SERVERS`` variable is honoured for the broker too. A bad value fails at start
+with :class:`~streams.errors.ConfigError` naming the setting and the environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from pydantic import AliasChoices, BaseModel, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
+)
+
+from .errors import ConfigError
+
+__all__ = ["Settings", "load_settings"]
+
+PositiveFloat = pydantic.PositiveFloat
+PositiveInt = pydantic.PositiveInt
+
+
+class KafkaSettings(BaseModel):
+    bootstrap_servers: str | None = Field(
+        default=None,
+        description="host:port[,host:port]; unset: the local broker started by `trajstream broker start`",
+    )
+    topic_prefix: str = Field(default="trajstream", pattern=r"^[A-Za-z0-9._-]+$")
+    partitions: PositiveInt = Field(default=4, description="partitions of the keyed topics")
+    replication_factor: PositiveInt = 1
+
+
+class TrinitySettings(BaseModel):
+    url: str = Field(default="http://127.0.0.1:8010", pattern=r"^https?://")
+    timeout_s: PositiveFloat = 10.0
+    max_connections: PositiveInt = 16
+    retry_max_age_s: PositiveFloat = Field(
+        default=3600.0, description="give up on a feedback (dead letter) after retrying this long"
+    )
+
+
+class SelectionSettings(BaseModel):
+    strategy: str = Field(default="any(marked,sampling)", min_length=1)
+    rate: float = Field(default=0.1, ge=0.0, le=1.0)
+    mark_ttl_s: PositiveFloat = 60.0
+
+
+class AssemblySettings(BaseModel):
+    max_steps: PositiveInt = 256
+    max_bytes: PositiveInt = 1_000_000
+    abandon_after_s: PositiveFloat = 600.0
+    tick_s: PositiveFloat = 5.0
+
+
+class RewardSettings(BaseModel):
+    function: str = Field(default="streams.rewards:success", min_length=1)
+    weights: dict[str, float] = Field(default_factory=dict)
+    feedback_grace_s: float = Field(default=0.0, ge=0.0)
+
+
+class WindowSettings(BaseModel):
+    size_s: PositiveInt = Field(default=60, description="tumbling window size, whole seconds")
+    grace_s: float = Field(default=10.0, ge=0.0)
+
+
+class CommitSettings(BaseModel):
+    interval_s: PositiveFloat = 300.0
+    min_batch: PositiveInt = 1
+    commit_empty: bool = False
+    tick_s: PositiveFloat = 1.0
+
+
+class Settings(BaseSettings):
+    """Every setting of trajstream, with its environment variable in brackets in the README."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TRAJSTREAM_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    app_id: str = Field(default="trajstream", pattern=r"^[A-Za-z0-9._-]+$")
+    cache_dir: Path = Path(".cache/trajstream")
+    data_dir: Path = Path(".cache/trajstream/worker")
+    log_level: Literal["debug", "info", "warn", "error"] = "info"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    trinity: TrinitySettings = Field(default_factory=TrinitySettings)
+    selection: SelectionSettings = Field(default_factory=SelectionSettings)
+    assembly: AssemblySettings = Field(default_factory=AssemblySettings)
+    reward: RewardSettings = Field(default_factory=RewardSettings)
+    windows: WindowSettings = Field(default_factory=WindowSettings)
+    commit: CommitSettings = Field(default_factory=CommitSettings)
+    config: Path | None = Field(default=None, validation_alias=AliasChoices("TRAJSTREAM_CONFIG"))
+
+    @field_validator("cache_dir", "data_dir")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("TRAJSTREAM_CONFIG") or _CONFIG_FILE.get("path")
+        if path:
+            suffix = Path(path).suffix.lower()
+            if suffix == ".toml":
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+            elif suffix in (".yaml", ".yml"):
+                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+    @property
+    def bootstrap_servers(self) -> str | None:
+        return self.kafka.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
+
+
+_CONFIG_FILE: dict[str, str] = {}
+
+
+def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings, turning any invalid value into a ConfigError that names it."""
+    _CONFIG_FILE.clear()
+    if config is not None:
+        path = Path(config)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
+            raise ConfigError(f"config file {path}: use a .toml or .yaml file")
+        _CONFIG_FILE["path"] = str(path)
+    env_config = os.environ.get("TRAJSTREAM_CONFIG")
+    if env_config and not Path(env_config).is_file():
+        raise ConfigError(f"TRAJSTREAM_CONFIG={env_config}: no such file")
+    try:
+        return Settings(**overrides)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(_describe(exc)) from exc
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        dotted = ".".join(loc) or "settings"
+        env = "TRAJSTREAM_" + "__".join(p.upper() for p in loc)
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"bad setting {dotted} [{env}]: {err['msg']}{shown}")
+    return "; ".join(lines)

@@ -1,0 +1,275 @@
+"""Unit tests of streams.broker's pure parts: rendering, ports, executables, state files.
+
+Nothing here starts a JVM or runs Maven; ``tests/integration/test_broker_launcher.py`` does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams import broker as broker_module
+from streams.broker import (
+    KAFKA_VERSION,
+    BrokerState,
+    LocalBroker,
+    free_port,
+    new_cluster_id,
+    port_answers,
+    port_is_free,
+    render_log4j2_config,
+    render_pom,
+    render_server_properties,
+    require_executable,
+    status,
+    stop_detached,
+)
+from streams.errors import BrokerError
+
+POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if line and line[0] != "#")
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+@pytest.fixture
+def no_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if anything tries to run Maven or Java."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"unexpected subprocess: {args!r}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+def hide_executable(monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    real_which = shutil.which
+
+    def which(name: str, *args: Any, **kwargs: Any) -> str | None:
+        return None if name == missing else real_which(name, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "which", which)
+
+
+# --- rendering --------------------------------------------------------------------------
+
+
+def test_server_properties_has_the_required_keys_and_ports(tmp_path: Path) -> None:
+    props = parse_properties(
+        render_server_properties(
+            host="127.0.0.1", port=40001, controller_port=40002, log_dir=tmp_path / "logs"
+        )
+    )
+
+    assert props["process.roles"] == "broker,controller"
+    assert props["node.id"] == "1"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:40002"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:40001,CONTROLLER://127.0.0.1:40002"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:40001"
+    assert props["controller.listener.names"] == "CONTROLLER"
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"
+    assert props["listener.security.protocol.map"] == "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    assert props["log.dirs"] == (tmp_path / "logs").as_posix()
+    assert props["auto.create.topics.enable"] == "false"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert props["num.partitions"] == "1"
+    for key in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+    ):
+        assert props[key] == "1", key
+
+
+def test_server_properties_never_sets_standalone_style_bootstrap(tmp_path: Path) -> None:
+    # controller.quorum.voters is a static quorum; mixing in the dynamic-quorum setting
+    # makes the storage tool refuse to format.
+    text = render_server_properties(host="127.0.0.1", port=1, controller_port=2, log_dir=tmp_path)
+    assert "controller.quorum.bootstrap.servers" not in text
+
+
+def test_pom_pins_the_kafka_version() -> None:
+    root = ET.fromstring(render_pom())
+    deps = {
+        (
+            d.findtext("m:groupId", namespaces=POM_NS),
+            d.findtext("m:artifactId", namespaces=POM_NS),
+        ): d.findtext("m:version", namespaces=POM_NS)
+        for d in root.iterfind("m:dependencies/m:dependency", POM_NS)
+    }
+    assert deps[("org.apache.kafka", "kafka_2.13")] == KAFKA_VERSION == "4.1.1"
+    assert deps[("org.apache.logging.log4j", "log4j-core")]
+    assert deps[("org.slf4j", "slf4j-api")]
+    assert root.findtext("m:packaging", namespaces=POM_NS) == "pom"
+
+
+def test_pom_renders_another_version() -> None:
+    assert "<version>9.9.9</version>" in render_pom("9.9.9")
+
+
+def test_log4j2_config_logs_warn_to_the_file_named_by_a_system_property() -> None:
+    props = parse_properties(render_log4j2_config())
+    assert props["rootLogger.level"] == "warn"
+    assert props["appender.file.fileName"] == "${sys:trajstream.broker.log}"
+
+
+def test_cluster_id_is_a_kafka_style_uuid() -> None:
+    for _ in range(50):
+        cluster_id = new_cluster_id()
+        assert len(cluster_id) == 22
+        assert not cluster_id.startswith("-")
+        assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
+
+
+# --- ports ------------------------------------------------------------------------------
+
+
+def test_free_port_is_bindable_and_taken_port_is_not() -> None:
+    port = free_port()
+    assert 1024 <= port <= 65535
+    assert port_is_free("127.0.0.1", port)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        assert not port_is_free("127.0.0.1", port)
+        assert port_answers("127.0.0.1", port)
+    assert not port_answers("127.0.0.1", port, timeout=0.5)
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = broker_module._free_ports("127.0.0.1", 5)
+    assert len(set(ports)) == 5
+
+
+# --- executables ------------------------------------------------------------------------
+
+
+def test_require_executable_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_executable(monkeypatch, "java")
+    with pytest.raises(BrokerError, match=r"'java'.*Java 17"):
+        require_executable("java")
+
+
+def test_start_without_java_raises_before_fetching(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_subprocess: None
+) -> None:
+    hide_executable(monkeypatch, "java")
+    broker = LocalBroker(tmp_path / "cache")
+    with pytest.raises(BrokerError, match="java"):
+        broker.start()
+    assert broker.pid is None
+    assert not (tmp_path / "cache").exists()
+
+
+def test_fetch_without_maven_raises(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_subprocess: None
+) -> None:
+    hide_executable(monkeypatch, "mvn")
+    with pytest.raises(BrokerError, match="mvn"):
+        LocalBroker(tmp_path).fetch()
+
+
+def test_fetch_is_skipped_when_the_marker_exists(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_subprocess: None
+) -> None:
+    hide_executable(monkeypatch, "mvn")  # proves Maven is not needed
+    broker = LocalBroker(tmp_path)
+    broker.kafka_dir.mkdir(parents=True)
+    (broker.kafka_dir / ".fetched").write_text("kafka_2.13-4.1.1.jar\n")
+
+    assert broker.fetch() == tmp_path.absolute() / f"kafka-{KAFKA_VERSION}" / "libs"
+    assert broker.log4j2_config.read_text() == render_log4j2_config()
+
+
+def test_start_on_a_taken_port_raises(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_subprocess: None
+) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: f"/usr/bin/{name}")
+    monkeypatch.setattr(LocalBroker, "fetch", lambda self: self.libs_dir)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        broker = LocalBroker(tmp_path, data_dir=tmp_path / "data", port=port)
+        with pytest.raises(BrokerError, match=f"port 127.0.0.1:{port} is already in use"):
+            broker.start()
+
+
+# --- LocalBroker before start -----------------------------------------------------------
+
+
+def test_bootstrap_servers_is_known_only_with_a_port(tmp_path: Path) -> None:
+    assert LocalBroker(tmp_path, port=19999).bootstrap_servers == "127.0.0.1:19999"
+    with pytest.raises(BrokerError, match="start"):
+        _ = LocalBroker(tmp_path).bootstrap_servers
+
+
+def test_unstarted_broker_has_no_pid_and_stop_is_harmless(tmp_path: Path) -> None:
+    broker = LocalBroker(tmp_path)
+    assert broker.pid is None
+    assert broker.data_dir is None
+    broker.stop()
+    assert LocalBroker(tmp_path, data_dir=tmp_path / "d").log_file == (
+        tmp_path.absolute() / "d" / "broker.log"
+    )
+
+
+async def test_run_coroutine_works_inside_a_running_loop() -> None:
+    async def answer() -> int:
+        return 42
+
+    assert broker_module._run_coroutine(answer) == 42
+
+
+# --- detached state ---------------------------------------------------------------------
+
+
+def make_state(tmp_path: Path, pid: int) -> BrokerState:
+    data = tmp_path / "data"
+    return BrokerState(
+        pid=pid,
+        bootstrap="127.0.0.1:9092",
+        data_dir=data,
+        log_file=data / "broker.log",
+        stdout_file=data / "broker.out",
+        config_file=data / "server.properties",
+        kafka_version=KAFKA_VERSION,
+        started_at="2025-01-01T00:00:00+00:00",
+    )
+
+
+def test_broker_state_round_trips_through_json(tmp_path: Path) -> None:
+    state = make_state(tmp_path, 1234)
+    assert BrokerState.from_json(state.to_json()) == state
+    assert json.loads(state.to_json())["data_dir"] == str(tmp_path / "data")
+    assert (state.host, state.port) == ("127.0.0.1", 9092)
+
+
+def test_status_is_none_without_a_state_file(tmp_path: Path) -> None:
+    assert status(tmp_path) is None
+    assert stop_detached(tmp_path) is False
+
+
+def test_a_recorded_pid_that_is_not_a_broker_is_never_signalled(tmp_path: Path) -> None:
+    # Our own pid is alive but is not a Kafka broker: a reused pid must not be killed.
+    (tmp_path / "broker.json").write_text(make_state(tmp_path, os.getpid()).to_json())
+    assert status(tmp_path) is None
+    assert stop_detached(tmp_path) is False
+    assert not (tmp_path / "broker.json").exists()
+
+
+def test_an_unreadable_state_file_counts_as_no_broker(tmp_path: Path) -> None:
+    (tmp_path / "broker.json").write_text("{not json")
+    assert status(tmp_path) is None
