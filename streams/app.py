@@ -218,7 +218,8 @@ class Pipeline:
 
         @app.on_after_configured.connect
         def _quiet(app: faust.App, **_: Any) -> None:  # pragma: no cover - logging only
-            logging.getLogger("aiokafka").setLevel(logging.WARNING)
+            for noisy in ("aiokafka", "httpx"):
+                logging.getLogger(noisy).setLevel(logging.WARNING)
 
         return app
 

@@ -4,6 +4,7 @@
     trajstream topics                         create the deployment's topics
     trajstream worker                         run a stream worker (add more to scale out)
     trajstream produce FILE...                publish JSON-lines agent events
+    trajstream simulate                       drive simulated agent traffic
     trajstream standin                        run the Trinity stand-in server
     trajstream demo                           the whole loop on local parts, with a summary
     trajstream settings                       print the effective settings
@@ -155,6 +156,43 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if bad and not events else 0
 
 
+def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
+    import random
+
+    from rich.progress import Progress
+
+    from .sdk import TrajstreamProducer
+    from .traffic import AGENTS, simulate_call
+    from .trinity import TrinityClient
+
+    bootstrap = resolve_bootstrap(settings)
+    _ensure_topics(settings, bootstrap)
+    rng = random.Random(args.seed)
+    agents = list(AGENTS)
+
+    async def drive() -> None:
+        async with TrajstreamProducer(
+            bootstrap, topic_prefix=settings.kafka.topic_prefix, partitions=settings.kafka.partitions
+        ) as producer, TrinityClient(settings.trinity.url) as trinity:
+            with Progress() as progress:
+                task = progress.add_task("agent calls", total=args.calls)
+                for i in range(args.calls):
+                    await simulate_call(
+                        producer, trinity, rng,
+                        agent=agents[i % len(agents)],
+                        mark=rng.random() < args.marked,
+                        fail=rng.random() < 0.1,
+                        rating=float(rng.randint(1, 5)) if rng.random() < 0.4 else None,
+                    )
+                    progress.advance(task)
+                    if args.rate > 0:
+                        await asyncio.sleep(1.0 / args.rate)
+
+    asyncio.run(drive())
+    print(f"simulated {args.calls} agent calls (chat served by {settings.trinity.url})")
+    return 0
+
+
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
     from .standin import StandIn
 
@@ -198,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="publish the valid lines of a file that has invalid ones")
     p.set_defaults(func=cmd_produce)
 
+    p = sub.add_parser("simulate", help="drive simulated agent traffic (LLM steps served by "
+                       "trinity.url's chat endpoint)")
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--rate", type=float, default=0.0, help="calls per second (0: as fast as possible)")
+    p.add_argument("--marked", type=float, default=0.15, help="fraction of explicitly marked calls")
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=cmd_simulate)
+
     p = sub.add_parser("standin", help="run the Trinity stand-in server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8010)
@@ -217,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "aiokafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         settings = load_settings(args.config)
         return int(args.func(args, settings))

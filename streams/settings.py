@@ -10,6 +10,7 @@ with :class:`~streams.errors.ConfigError` naming the setting and the environment
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -149,10 +150,29 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     env_config = os.environ.get("TRAJSTREAM_CONFIG")
     if env_config and not Path(env_config).is_file():
         raise ConfigError(f"TRAJSTREAM_CONFIG={env_config}: no such file")
+    _check_env_names(os.environ)
     try:
         return Settings(**overrides)
     except pydantic.ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
+
+
+_NOT_SETTINGS = {"TRAJSTREAM_CONFIG", "TRAJSTREAM_VENV"}  # read by load_settings / ./dev
+
+
+def _check_env_names(environ: Mapping[str, str]) -> None:
+    """A misspelt variable would be ignored silently; name it instead."""
+    for key in environ:
+        if not key.startswith("TRAJSTREAM_") or key in _NOT_SETTINGS:
+            continue
+        path = key[len("TRAJSTREAM_") :].lower().split("__")
+        fields: Mapping[str, Any] | None = Settings.model_fields
+        for part in path:
+            if fields is None or part not in fields:
+                raise ConfigError(f"unknown setting {key}: no such setting {'.'.join(path)}")
+            annotation = fields[part].annotation
+            nested = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            fields = annotation.model_fields if nested else None  # type: ignore[union-attr]
 
 
 def _describe(exc: pydantic.ValidationError) -> str:
