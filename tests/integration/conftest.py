@@ -194,15 +194,23 @@ async def read_topic(
     timeout: float = 60.0,
     codec: SchemaRegistry | None = None,
 ) -> list[AvroModel]:
-    """Every record on ``topic`` from the start, decoded; waits until ``until(records)``."""
+    """Every record on ``topic`` from the start, decoded; waits until ``until(records)``.
+
+    A topic that does not exist holds no records (and is not created).
+    """
     codec = codec or SchemaRegistry.default()
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
     )
     await consumer.start()
     records: list[AvroModel] = []
     deadline = time.monotonic() + timeout
     try:
+        while topic not in await consumer.topics():
+            if until is None or time.monotonic() > deadline:
+                return records
+            await asyncio.sleep(0.5)
+        consumer.subscribe([topic])
         while time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=500)
             for msgs in batch.values():

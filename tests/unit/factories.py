@@ -201,8 +201,8 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             key=b"call-1", payload=b"\xc3\x01\x00\xff", failed_at=at(1), worker="w-1",
         ),
         PendingCall: PendingCall(
-            call_id="call-1", start=start(), end=end(step_count=2), steps=[step(seq=0), step(seq=1)],
-            first_seen=T0, bytes=1234, partition=3,
+            call_id="call-1", start=start(), end=end(step_count=2),
+            steps=[step(seq=0), step(seq=1)], first_seen=T0, bytes=1234, partition=3,
         ),
         AwaitingReward: AwaitingReward(
             call_id="call-1", partition=1, trajectory=traj, feedback=[feedback()], since=at(4),

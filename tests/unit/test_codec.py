@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from datetime import UTC, datetime, timedelta, timezone
@@ -133,13 +132,19 @@ def test_timestamps_come_back_as_utc_at_millisecond_precision() -> None:
 texts = st.text(max_size=30)
 ids = st.text(min_size=1, max_size=40)
 maybe_text = st.none() | texts
-utc_ms = st.datetimes(
-    min_value=datetime(1900, 1, 1), max_value=datetime(2300, 1, 1), timezones=st.just(UTC)
-).map(lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000))
+def minutes(n: int) -> timedelta:
+    return timedelta(minutes=n)
+
+
+# hypothesis takes naive bounds and attaches the generated timezone
+LOW, HIGH = datetime(1900, 1, 2), datetime(2300, 1, 1)  # noqa: DTZ001
+utc_ms = st.datetimes(min_value=LOW, max_value=HIGH, timezones=st.just(UTC)).map(
+    lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000)
+)
 any_offset = st.datetimes(
-    min_value=datetime(1900, 1, 2),
-    max_value=datetime(2300, 1, 1),
-    timezones=st.builds(timezone, st.integers(-14 * 60, 14 * 60).map(lambda m: timedelta(minutes=m))),
+    min_value=LOW,
+    max_value=HIGH,
+    timezones=st.builds(timezone, st.integers(-14 * 60, 14 * 60).map(minutes)),
 )
 messages = st.lists(st.builds(ChatMessage, role=ids, content=texts, name=maybe_text), max_size=3)
 int32 = st.integers(0, 2**31 - 1)
@@ -295,13 +300,14 @@ def test_non_bytes_is_a_decode_error() -> None:
 def test_bytearray_and_memoryview_are_accepted() -> None:
     codec = SchemaRegistry.default()
     data = codec.encode(start())
-    assert codec.decode(bytearray(data)) == start()
+    assert codec.decode(bytearray(data)) == start()  # type: ignore[arg-type]
     assert codec.decode(memoryview(data)) == start()  # type: ignore[arg-type]
 
 
 def test_decode_as_the_wrong_model_is_a_decode_error() -> None:
     codec = SchemaRegistry.default()
-    with pytest.raises(DecodeError, match="expected io.trajstream.Completion, got io.trajstream.AgentCall"):
+    expected = r"expected io\.trajstream\.Completion, got io\.trajstream\.AgentCall"
+    with pytest.raises(DecodeError, match=expected):
         codec.decode_as(codec.encode(start()), Completion)
 
 

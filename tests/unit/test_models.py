@@ -19,14 +19,10 @@ from streams.models import (
     AvroModel,
     CallPhase,
     CallStatus,
-    Completion,
     FeedbackKind,
     LedgerState,
-    RewardedTrajectory,
     StepKind,
     Tick,
-    TrainingMark,
-    Trajectory,
     UserFeedback,
     WindowAccumulator,
     utcnow,
@@ -115,7 +111,8 @@ def test_naive_datetimes_are_refused(build: Any, field: str, naive: Any) -> None
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        (datetime(2026, 1, 1, 0, 0, 0, 123999, tzinfo=UTC), datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC)),
+        (datetime(2026, 1, 1, 0, 0, 0, 123999, tzinfo=UTC),
+         datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC)),
         (datetime(2026, 1, 1, 0, 0, 0, 999, tzinfo=UTC), T0),
         (datetime(2026, 1, 1, 2, 0, tzinfo=timezone(timedelta(hours=2))), T0),
         (datetime(2025, 12, 31, 19, 0, 0, 500500, tzinfo=timezone(timedelta(hours=-5))),
@@ -182,8 +179,8 @@ def test_non_finite_rating_is_refused(value: float) -> None:
         (lambda: step(latency_ms=-0.5), "latency_ms"),
         (lambda: mark(run_id=-1), "run_id"),
         (lambda: trajectory(trajectory_id=""), "trajectory_id"),
-        (lambda: UserFeedback(event_id="e", call_id="c", event_time=T0, kind="STARS"), "kind"),
-        (lambda: AgentCall(event_id="e", call_id="c", phase="MIDDLE", event_time=T0), "phase"),
+        (lambda: UserFeedback(event_id="e", call_id="c", event_time=T0, kind="STARS"), "kind"),  # type: ignore[arg-type]
+        (lambda: AgentCall(event_id="e", call_id="c", phase="MIDDLE", event_time=T0), "phase"),  # type: ignore[arg-type]
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
