@@ -110,7 +110,8 @@ class SchemaRegistry:
             if path.stem != own:
                 load_schema(str(path), named_schemas=named, _write_hint=False)
         named.pop(own, None)
-        parsed = parse_schema(raw, named_schemas=named)
+        # expand: the fingerprint is of the full canonical form, with named types inlined
+        parsed = parse_schema(raw, named_schemas=named, expand=True)
         name = parsed["name"]
         model = next((m for m in self._by_model if m.avro_name == name), None)
         writer = _Writer(name, parsed, model)
@@ -154,12 +155,14 @@ class SchemaRegistry:
                 "register the producer's schema (newer schema version?)"
             )
         reader = self._readers.get(writer.name, writer.schema)
+        body = io.BytesIO(data[_HEADER:])
         try:
-            record = fastavro.schemaless_reader(
-                io.BytesIO(data[_HEADER:]), writer.schema, reader, return_record_name=False
-            )
+            record = fastavro.schemaless_reader(body, writer.schema, reader, return_record_name=False)
         except Exception as exc:  # fastavro raises many types for corrupt bodies
             raise DecodeError(f"corrupt {writer.name} body: {exc}") from exc
+        extra = len(data) - _HEADER - body.tell()
+        if extra:
+            raise DecodeError(f"corrupt {writer.name} body: {extra} bytes after the record")
         if not isinstance(record, dict):
             raise DecodeError(f"{writer.name} did not decode to a record")
         return writer.name, record

@@ -98,6 +98,9 @@ class AvroModel(BaseModel):
 
 
 NonEmpty = Annotated[str, Field(min_length=1)]
+Int32 = Annotated[int, Field(ge=-(2**31), lt=2**31)]
+Count32 = Annotated[int, Field(ge=0, lt=2**31)]
+Count64 = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class ChatMessage(AvroModel):
@@ -112,7 +115,7 @@ class TrainingMark(AvroModel):
     labels: list[str] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
     task_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    run_id: Annotated[int, Field(ge=0)] | None = None
+    run_id: Annotated[int, Field(ge=0, lt=2**31)] | None = None
     marked_at: UtcDateTime
 
 
@@ -131,7 +134,7 @@ class AgentCall(AvroModel):
     output: str | None = None
     status: CallStatus | None = None
     error_type: str | None = None
-    step_count: Annotated[int, Field(ge=0)] | None = None
+    step_count: Count32 | None = None
     mark: TrainingMark | None = None
     attributes: dict[str, str] = Field(default_factory=dict)
 
@@ -140,7 +143,7 @@ class Completion(AvroModel):
     avro_name: ClassVar[str] = "io.trajstream.Completion"
     event_id: NonEmpty
     call_id: NonEmpty
-    seq: Annotated[int, Field(ge=0, lt=2**31)]
+    seq: Count32
     event_time: UtcDateTime
     kind: StepKind = StepKind.LLM
     operation_name: str = "chat"
@@ -149,8 +152,8 @@ class Completion(AvroModel):
     response_model: str | None = None
     response_id: str | None = None
     finish_reasons: list[str] = Field(default_factory=list)
-    input_tokens: Annotated[int, Field(ge=0)] | None = None
-    output_tokens: Annotated[int, Field(ge=0)] | None = None
+    input_tokens: Count64 | None = None
+    output_tokens: Count64 | None = None
     input_messages: list[ChatMessage] = Field(default_factory=list)
     output_messages: list[ChatMessage] = Field(default_factory=list)
     tool_name: str | None = None

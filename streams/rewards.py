@@ -108,18 +108,20 @@ class Composite:
         total = sum(weights.values())
         if total <= 0 or any(w < 0 for w in weights.values()):
             raise ConfigError("reward.weights must be non-negative and sum to more than 0")
-        self.parts = [(name, _as_fn(loader(name), name), w / total) for name, w in weights.items()]
+        shorts = [name.rpartition(":")[2] or name for name in weights]
+        # components are named by the function's short name, unless two share it
+        labels = [s if shorts.count(s) == 1 else n for s, n in zip(shorts, weights, strict=True)]
+        self.parts = [
+            (label, _as_fn(loader(name), name), w / total)
+            for label, (name, w) in zip(labels, weights.items(), strict=True)
+        ]
         self.reward_name = "composite(" + ",".join(f"{n}={w:g}" for n, w in weights.items()) + ")"
         self.reward_version = "1"
         self.wants_feedback = any(getattr(fn, "wants_feedback", False) for _, fn, _ in self.parts)
 
     def __call__(self, trajectory: Trajectory) -> RewardResult:
-        components = {}
-        for name, fn, _ in self.parts:
-            components[name.rpartition(":")[2] or name] = _value(fn(trajectory))
-        value = sum(
-            w * components[name.rpartition(":")[2] or name] for name, _, w in self.parts
-        )
+        components = {label: _value(fn(trajectory)) for label, fn, _ in self.parts}
+        value = sum(w * components[label] for label, _, w in self.parts)
         return RewardResult(value, components)
 
 

@@ -24,6 +24,7 @@ for the same call.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -72,7 +73,8 @@ class CallView:
 class Strategy(Protocol):
     """A selection strategy: a name for the records and a pure decision per finished call."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def decide(self, call: CallView) -> Selection: ...
 
@@ -198,7 +200,12 @@ def build_strategy(
     if head == "sampling":
         return SamplingRate(_number(spec, arg) if arg else rate)
     if head == "marked":
-        return ExplicitMark(timedelta(seconds=_number(spec, arg)) if arg else mark_ttl)
+        if not arg:
+            return ExplicitMark(mark_ttl)
+        ttl = _number(spec, arg)
+        if not (math.isfinite(ttl) and 0 < ttl < 10**9):
+            raise ConfigError(f"selection strategy {spec!r}: the TTL must be a positive number of seconds")
+        return ExplicitMark(timedelta(seconds=ttl))
     if "." in head and arg:
         obj = loader(spec)
         strategy = obj() if isinstance(obj, type) else obj

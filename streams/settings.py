@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
-from pydantic import AliasChoices, BaseModel, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,7 +32,13 @@ PositiveFloat = pydantic.PositiveFloat
 PositiveInt = pydantic.PositiveInt
 
 
-class KafkaSettings(BaseModel):
+class _Section(BaseModel):
+    """A section of the settings; a misspelt key in a config file is an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class KafkaSettings(_Section):
     bootstrap_servers: str | None = Field(
         default=None,
         description="host:port[,host:port]; unset: the local broker started by `trajstream broker start`",
@@ -42,7 +48,7 @@ class KafkaSettings(BaseModel):
     replication_factor: PositiveInt = 1
 
 
-class TrinitySettings(BaseModel):
+class TrinitySettings(_Section):
     url: str = Field(default="http://127.0.0.1:8010", pattern=r"^https?://")
     timeout_s: PositiveFloat = 10.0
     max_connections: PositiveInt = 16
@@ -51,31 +57,31 @@ class TrinitySettings(BaseModel):
     )
 
 
-class SelectionSettings(BaseModel):
+class SelectionSettings(_Section):
     strategy: str = Field(default="any(marked,sampling)", min_length=1)
     rate: float = Field(default=0.1, ge=0.0, le=1.0)
     mark_ttl_s: PositiveFloat = 60.0
 
 
-class AssemblySettings(BaseModel):
+class AssemblySettings(_Section):
     max_steps: PositiveInt = 256
     max_bytes: PositiveInt = 1_000_000
     abandon_after_s: PositiveFloat = 600.0
     tick_s: PositiveFloat = 5.0
 
 
-class RewardSettings(BaseModel):
+class RewardSettings(_Section):
     function: str = Field(default="streams.rewards:success", min_length=1)
     weights: dict[str, float] = Field(default_factory=dict)
     feedback_grace_s: float = Field(default=0.0, ge=0.0)
 
 
-class WindowSettings(BaseModel):
+class WindowSettings(_Section):
     size_s: PositiveInt = Field(default=60, description="tumbling window size, whole seconds")
     grace_s: float = Field(default=10.0, ge=0.0)
 
 
-class CommitSettings(BaseModel):
+class CommitSettings(_Section):
     interval_s: PositiveFloat = 300.0
     min_batch: PositiveInt = 1
     commit_empty: bool = False
@@ -150,6 +156,8 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     env_config = os.environ.get("TRAJSTREAM_CONFIG")
     if env_config and not Path(env_config).is_file():
         raise ConfigError(f"TRAJSTREAM_CONFIG={env_config}: no such file")
+    if env_config and Path(env_config).suffix.lower() not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(f"TRAJSTREAM_CONFIG={env_config}: use a .toml or .yaml file")
     _check_env_names(os.environ)
     try:
         return Settings(**overrides)

@@ -283,10 +283,6 @@ def test_every_truncation_of_a_body_is_a_decode_error() -> None:
             codec.decode(data[:cut])
 
 
-@pytest.mark.xfail(
-    reason="BUG: decode_raw ignores bytes left after the record (streams/codec.py:158)",
-    strict=True,
-)
 def test_trailing_bytes_after_the_record_are_a_decode_error() -> None:
     with pytest.raises(DecodeError):
         SchemaRegistry.default().decode(_good() + b"\x00garbage")
@@ -405,13 +401,6 @@ def test_register_writer_leaves_the_current_schema_in_charge(registry: SchemaReg
     assert registry.decode(before) == end()
 
 
-@pytest.mark.xfail(
-    reason=(
-        "BUG: register_writer fingerprints the schema with named types left as references, "
-        "not the full canonical form every Avro producer uses (streams/codec.py:113)"
-    ),
-    strict=True,
-)
 def test_register_writer_fingerprint_is_the_standard_fingerprint(registry: SchemaRegistry) -> None:
     assert registry.register_writer(_raw_agent_call()) == registry.fingerprint_of(AgentCall)
     # and so a newer producer's records decode once its schema is registered

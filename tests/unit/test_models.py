@@ -209,14 +209,6 @@ def test_enums_are_parsed_from_their_symbols() -> None:
     assert call.status is CallStatus.ERROR
 
 
-@pytest.mark.xfail(
-    reason=(
-        "BUG: integer fields have no upper bound matching their Avro int/long, so a record the "
-        "model accepts (e.g. from `trajstream produce`) crashes encode with a bare ValueError "
-        "(streams/models.py:134,152,153,115)"
-    ),
-    strict=True,
-)
 @pytest.mark.parametrize(
     ("build", "field"),
     [

@@ -208,11 +208,6 @@ def test_composite_refuses_bad_weights(weights: dict[str, float], match: str) ->
         Composite(weights)
 
 
-@pytest.mark.xfail(
-    reason="BUG: Composite keys components by the name after ':', so two functions with one "
-    "short name overwrite each other and the weighted sum is wrong (streams/rewards.py:119-121)",
-    strict=True,
-)
 def test_composite_functions_with_the_same_short_name_both_count() -> None:
     composite = Composite({"streams.rewards:success": 1.0, "tests.unit.test_rewards:success": 1.0})
     result = composite(trajectory(status=CallStatus.OK))

@@ -283,11 +283,6 @@ def test_build_strategy_refuses_bad_spellings(spec: str, match: str) -> None:
         build_strategy(spec)
 
 
-@pytest.mark.xfail(
-    reason="BUG: the marked:<ttl> argument is not range-checked: a negative TTL is accepted, "
-    "nan/inf raise bare ValueError/OverflowError (streams/select.py:201)",
-    strict=True,
-)
 @pytest.mark.parametrize("spec", ["marked:-5", "marked:nan", "marked:inf"])
 def test_build_strategy_refuses_bad_mark_ttls(spec: str) -> None:
     with pytest.raises(ConfigError):

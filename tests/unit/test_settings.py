@@ -216,11 +216,6 @@ def test_bad_values_in_a_file_are_config_errors(tmp_path: Path, text: str, match
         load_settings(path)
 
 
-@pytest.mark.xfail(
-    reason="BUG: the nested settings models do not forbid unknown keys, so a misspelt key in a "
-    "config file section is ignored silently (streams/settings.py:35-83)",
-    strict=True,
-)
 def test_misspelt_key_in_a_config_file_section_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "typo.toml"
     path.write_text("[commit]\nintervl_s = 60\n")
@@ -249,11 +244,6 @@ def test_config_file_of_another_format_is_a_config_error(tmp_path: Path) -> None
         load_settings(path)
 
 
-@pytest.mark.xfail(
-    reason="BUG: TRAJSTREAM_CONFIG naming a file that is neither .toml nor .yaml is ignored "
-    "silently, unlike load_settings(path) (streams/settings.py:124-129,150-152)",
-    strict=True,
-)
 def test_config_file_of_another_format_in_the_environment_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
