@@ -6,11 +6,12 @@ Records on every topic are raw bytes in Avro single-object encoding (:mod:`strea
 record that cannot be decoded or validated becomes a dead letter, with its reason and source
 topic/partition/offset, instead of a crash or a silent skip inside Faust's deserializer.
 
-1. ``assemble``   agent-events + ticks  -> trajectories   (table ``pending``, keyed by call_id)
+1. ``assemble``   agent-events + ticks  -> trajectories, decisions, late-events
+                  (tables ``pending`` and ``closed``, keyed by call_id)
 2. ``reward``     trajectories + user-feedback + ticks -> rewarded (table ``awaiting``)
 3. ``feedback``   rewarded -> POST /feedback (retried) -> ledger (FeedbackAck)
-4. ``ledger``     ledger (acks + ticks) -> POST /commit, windows, commits  (table ``ledger``,
-                  one partition: one decision maker for the whole deployment)
+4. ``ledger``     ledger (acks + ticks) -> POST /commit, windows, alerts, commits
+                  (table ``ledger``, one partition: one decision maker for the deployment)
 
 Timers on the leader worker publish ticks: processing time enters the stream as data, so the
 agent that owns a partition's state is the one that acts on time (abandoning calls, ending a
@@ -44,18 +45,28 @@ from .errors import (
     TrinityUnavailable,
     ValidationError,
 )
-from .join import Applied, Limits, add_event, close, closed_reason, new_pending
-from .ledger import LedgerConfig, apply_ack, commit_done, due_commit, due_windows
+from .join import Applied, Deadlines, Limits, add_event, close, closed_reason, new_pending, view_of
+from .ledger import (
+    CommitPlan,
+    LedgerConfig,
+    apply_ack,
+    commit_done,
+    drift_alerts,
+    due_commit,
+    due_windows,
+)
 from .models import (
     AgentCall,
     AvroModel,
     AwaitingReward,
+    ClosedCall,
     Completion,
     DeadLetter,
     FeedbackAck,
     LedgerState,
     PendingCall,
     RewardedTrajectory,
+    SelectionDecision,
     Tick,
     Trajectory,
     UserFeedback,
@@ -114,7 +125,16 @@ class Pipeline:
             commit_empty=settings.commit.commit_empty,
             window=timedelta(seconds=settings.windows.size_s),
             grace=timedelta(seconds=settings.windows.grace_s),
+            drift_fraction=settings.windows.drift_fraction,
+            drift_history=settings.windows.drift_history,
         )
+        self.late_retention = timedelta(seconds=settings.assembly.late_retention_s)
+        # in-memory deadline indexes beside the tables, per partition; rebuilt from the table
+        # after every assignment, since another worker may have changed it meanwhile
+        self._abandon: dict[int, Deadlines] = {}
+        self._forget: dict[int, Deadlines] = {}
+        self._grace: dict[int, Deadlines] = {}
+        self._ledger_lock = asyncio.Lock()
         self.feedback_grace = timedelta(seconds=settings.reward.feedback_grace_s)
         self.worker_name = f"{socket.gethostname()}:{os.getpid()}"
         self._trinity_factory = trinity or (
@@ -157,8 +177,10 @@ class Pipeline:
                 value_serializer="raw",
             )
 
-        def raw_table(name: str, partitions: int) -> faust.Table:
-            table = app.Table(name, partitions=partitions, key_type=bytes, value_type=bytes)
+        def raw_table(name: str, partitions: int, **kwargs: Any) -> faust.Table:
+            table = app.Table(
+                name, partitions=partitions, key_type=bytes, value_type=bytes, **kwargs
+            )
             # Faust picks "json" for non-model types; the values are Avro bytes already, and
             # the changelog topic (created lazily) takes these serializers.
             table.key_serializer = "raw"
@@ -174,9 +196,14 @@ class Pipeline:
         self.t_windows = raw_topic(t.windows, 1)
         self.t_commits = raw_topic(t.commits, 1)
         self.t_dead = raw_topic(t.dead_letters, n)
+        self.t_decisions = raw_topic(t.decisions, n)
+        self.t_late = raw_topic(t.late_events, n)
+        self.t_alerts = raw_topic(t.alerts, 1)
         self.pending = raw_table("pending", n)
+        self.closed = raw_table("closed", n)
         self.awaiting = raw_table("awaiting", n)
-        self.ledger = raw_table("ledger", 1)
+        # one partition; written by the final commit outside a stream too, hence the partitioner
+        self.ledger = raw_table("ledger", 1, use_partitioner=True)
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
         @app.agent(app.topic(t.agent_events, t.ticks, key_type=bytes, value_type=bytes,
@@ -215,6 +242,16 @@ class Pipeline:
         async def ledger_clock() -> None:
             tick = self.codec.encode(Tick(at=utcnow(), source=self.worker_name))
             await self.t_ledger.send(value=tick, partition=0)
+
+        @app.on_partitions_assigned.connect
+        async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
+            self._abandon.clear()
+            self._forget.clear()
+            self._grace.clear()
+
+        @app.on_before_shutdown.connect
+        async def _final(app: faust.App, **_: Any) -> None:
+            await self.final_commit()
 
         @app.on_after_configured.connect
         def _quiet(app: faust.App, **_: Any) -> None:  # pragma: no cover - logging only
@@ -281,23 +318,34 @@ class Pipeline:
         record = self._decode(event)
         msg = event.message
         if isinstance(record, Tick):
-            await self._abandon_due(msg.partition, record)
+            await self._assembly_clock(msg.partition, record)
             return
         if not isinstance(record, AgentCall | Completion):
             raise RecordError(f"{record.avro_name} does not belong on {msg.topic}")
         key = self._check_key(event, record.call_id)
+        closed = self.closed.get(key)
+        if closed is not None:
+            await self._late(event, self.codec.decode_as(closed, ClosedCall))
+            return
         now = utcnow()
         raw = self.pending.get(key)
-        state = self.codec.decode_as(raw, PendingCall) if raw else new_pending(record.call_id, now)
+        if raw:
+            state = self.codec.decode_as(raw, PendingCall)
+        else:
+            state = new_pending(record.call_id, now)
+            self._index(self._abandon, msg.partition).set(
+                key, now + self.limits.abandon_after
+            )
         state.partition = msg.partition
         applied = add_event(state, record, len(msg.value))
         if applied is Applied.DUPLICATE:
             self.stats["events.duplicate"] += 1
             return
         if applied is Applied.DUPLICATE_SEQ:
+            assert isinstance(record, Completion)
             raise ValidationError(
                 f"step seq {record.seq} of call {record.call_id} arrived twice with different "
-                "event ids; the first was kept"  # type: ignore[union-attr]
+                "event ids; the first was kept"
             )
         self.stats["events.applied"] += 1
         reason = closed_reason(state, now, self.limits)
@@ -307,23 +355,93 @@ class Pipeline:
             await self._close(key, state, reason)
 
     async def _close(self, key: bytes, state: PendingCall, reason: str) -> None:
+        now = utcnow()
         selection, trajectory = close(state, self.strategy, reason)
         if key in self.pending:
             del self.pending[key]
+        self._index(self._abandon, state.partition).discard(key)
+        self.closed[key] = self.codec.encode(
+            ClosedCall(call_id=state.call_id, partition=state.partition, closed_at=now,
+                       reason=reason)
+        )
+        self._index(self._forget, state.partition).set(key, now + self.late_retention)
         self.stats[f"calls.{'selected' if selection.selected else 'rejected'}"] += 1
         if reason != "ended":
             log.info("call %s closed: %s (%s)", state.call_id, reason, selection.reason)
+        view = view_of(state)
+        decision = SelectionDecision(
+            call_id=state.call_id,
+            agent_name=view.agent_name,
+            model=view.model,
+            selection=selection,
+            closed_reason=reason,
+            steps=len(state.steps),
+            marked=view.mark is not None,
+            ended_at=state.end.event_time if state.end else None,
+            decided_at=now,
+        )
+        await self.t_decisions.send(key=key, value=self.codec.encode(decision))
         if trajectory is not None:
             await self.t_trajectories.send(key=key, value=self.codec.encode(trajectory))
 
-    async def _abandon_due(self, partition: int, tick: Tick) -> None:
-        for key, raw in list(self.pending.items()):
-            state = self.codec.decode_as(raw, PendingCall)
-            if state.partition != partition:
+    async def _late(self, event: Any, closed: ClosedCall) -> None:
+        """An event for a call that already closed: recorded, never applied, never dropped."""
+        msg = event.message
+        self.stats["events.late"] += 1
+        record = DeadLetter(
+            reason=(
+                f"arrived after call {closed.call_id} closed at {closed.closed_at.isoformat()} "
+                f"({closed.reason}); late, or redelivered after a restart"
+            ),
+            error_type="Late",
+            stage="late",
+            source_topic=msg.topic,
+            source_partition=msg.partition,
+            source_offset=msg.offset,
+            key=msg.key,
+            payload=msg.value or b"",
+            failed_at=utcnow(),
+            worker=self.worker_name,
+        )
+        await self.t_late.send(key=msg.key, value=self.codec.encode(record))
+
+    def _index(self, indexes: dict[int, Deadlines], partition: int) -> Deadlines:
+        index = indexes.get(partition)
+        if index is None:
+            index = indexes[partition] = Deadlines()
+            self._rebuild(indexes, partition, index)
+        return index
+
+    def _rebuild(self, indexes: dict[int, Deadlines], partition: int, index: Deadlines) -> None:
+        """Fill a partition's deadline index from its table (after an assignment)."""
+        if indexes is self._abandon:
+            for key, raw in list(self.pending.items()):
+                pending = self.codec.decode_as(raw, PendingCall)
+                if pending.partition == partition:
+                    index.set(key, pending.first_seen + self.limits.abandon_after)
+        elif indexes is self._forget:
+            for key, raw in list(self.closed.items()):
+                closed = self.codec.decode_as(raw, ClosedCall)
+                if closed.partition == partition:
+                    index.set(key, closed.closed_at + self.late_retention)
+        else:
+            for key, raw in list(self.awaiting.items()):
+                entry = self.codec.decode_as(raw, AwaitingReward)
+                if entry.partition == partition:
+                    index.set(key, entry.since + self._wait_limit(entry))
+
+    async def _assembly_clock(self, partition: int, tick: Tick) -> None:
+        for key in self._index(self._abandon, partition).due(tick.at):
+            raw = self.pending.get(key)
+            if raw is None:
                 continue
+            state = self.codec.decode_as(raw, PendingCall)
             reason = closed_reason(state, tick.at, self.limits)
             if reason is not None:
                 await self._close(key, state, reason)
+        for key in self._index(self._forget, partition).due(tick.at):
+            if key in self.closed:
+                del self.closed[key]
 
     # -- 2. reward ---------------------------------------------------------------------------
 
@@ -331,24 +449,31 @@ class Pipeline:
         record = self._decode(event)
         msg = event.message
         if isinstance(record, Tick):
-            await self._reward_due(msg.partition, record)
+            await self._reward_clock(msg.partition, record)
             return
         if not isinstance(record, Trajectory | UserFeedback):
             raise RecordError(f"{record.avro_name} does not belong on {msg.topic}")
         key = self._check_key(event, record.call_id)
         raw = self.awaiting.get(key)
-        entry = (
-            self.codec.decode_as(raw, AwaitingReward)
-            if raw
-            else AwaitingReward(call_id=record.call_id, partition=msg.partition, since=utcnow())
-        )
+        if raw:
+            entry = self.codec.decode_as(raw, AwaitingReward)
+        else:
+            entry = AwaitingReward(call_id=record.call_id, partition=msg.partition, since=utcnow())
         if isinstance(record, UserFeedback):
             if all(f.event_id != record.event_id for f in entry.feedback):
                 entry.feedback.append(record)
-        else:
+        elif entry.trajectory is None:
             entry.trajectory = record
+            entry.since = utcnow()  # the grace period runs from the trajectory's arrival
+        else:
+            self.stats["trajectories.duplicate"] += 1
         trajectory = entry.trajectory
         if trajectory is not None:
+            if not self.settings.reward.score_incomplete and trajectory.closed_reason != "ended":
+                self.stats["trajectories.incomplete"] += 1
+                if key in self.awaiting:
+                    del self.awaiting[key]
+                return
             known = {f.event_id for f in trajectory.feedback}
             trajectory.feedback.extend(f for f in entry.feedback if f.event_id not in known)
             waiting = (
@@ -359,25 +484,35 @@ class Pipeline:
             if not waiting:
                 await self._score(key, trajectory, event)
                 return
+        if not raw or entry.trajectory is record:  # new entry, or its deadline changes
+            self._index(self._grace, msg.partition).set(key, entry.since + self._wait_limit(entry))
         self.awaiting[key] = self.codec.encode(entry)
 
-    async def _reward_due(self, partition: int, tick: Tick) -> None:
-        orphan_ttl = self.limits.abandon_after
-        for key, raw in list(self.awaiting.items()):
-            entry = self.codec.decode_as(raw, AwaitingReward)
-            if entry.partition != partition:
+    def _wait_limit(self, entry: AwaitingReward) -> timedelta:
+        """A trajectory waits for feedback up to the grace period; feedback without a
+        trajectory (its call was not selected, or has not closed yet) waits longer."""
+        if entry.trajectory is not None:
+            return self.feedback_grace
+        return self.limits.abandon_after + self.feedback_grace
+
+    async def _reward_clock(self, partition: int, tick: Tick) -> None:
+        for key in self._index(self._grace, partition).due(tick.at):
+            raw = self.awaiting.get(key)
+            if raw is None:
                 continue
-            age = tick.at - entry.since
-            if entry.trajectory is not None and age >= self.feedback_grace:
+            entry = self.codec.decode_as(raw, AwaitingReward)
+            if entry.trajectory is not None:
                 await self._score(key, entry.trajectory, None)
-            elif entry.trajectory is None and age >= orphan_ttl:
-                # feedback for a call that was not selected (or never ended): not training data
+            else:
+                # feedback for a call that was not selected (or never closed): not training data
                 self.stats["user_feedback.unmatched"] += len(entry.feedback)
                 del self.awaiting[key]
 
     async def _score(self, key: bytes, trajectory: Trajectory, event: Any | None) -> None:
         if key in self.awaiting:
             del self.awaiting[key]
+        for index in self._grace.values():
+            index.discard(key)
         try:
             rewarded = self.rewarder(trajectory)
         except RewardError as exc:
@@ -430,37 +565,126 @@ class Pipeline:
 
     async def _ledger(self, event: Any) -> None:
         record = self._decode(event)
-        raw = self.ledger.get(LEDGER_KEY)
-        state = self.codec.decode_as(raw, LedgerState) if raw else LedgerState()
-        now = utcnow()
-        final = False
-        if isinstance(record, FeedbackAck):
-            if not apply_ack(state, record, now, self.ledger_cfg):
-                self.stats["ledger.duplicate_acks"] += 1
+        offset = event.message.offset
+        async with self._ledger_lock:
+            state = self._ledger_state()
+            if offset <= state.applied_offset:
+                # applied before a restart: the table restored from the changelog has it
+                self.stats["ledger.reapplied"] += 1
                 return
-        elif isinstance(record, Tick):
-            final = record.final
-        else:
-            raise RecordError(f"{record.avro_name} does not belong on {event.message.topic}")
-        for summary in due_windows(state, now, self.ledger_cfg):
+            state.applied_offset = offset
+            if state.pending_commit is not None:
+                await self._resolve_commit(state)
+            final = False
+            if isinstance(record, FeedbackAck):
+                if not apply_ack(state, record, utcnow(), self.ledger_cfg):
+                    self.stats["ledger.duplicate_acks"] += 1
+            elif isinstance(record, Tick):
+                final = record.final
+            else:
+                self._save_ledger(state)
+                raise RecordError(f"{record.avro_name} does not belong on {event.message.topic}")
+            await self._ledger_decisions(state, final=final)
+
+    def _ledger_state(self) -> LedgerState:
+        raw = self.ledger.get(LEDGER_KEY)
+        return self.codec.decode_as(raw, LedgerState) if raw else LedgerState()
+
+    def _save_ledger(self, state: LedgerState) -> None:
+        self.ledger[LEDGER_KEY] = self.codec.encode(state)
+
+    async def _ledger_decisions(self, state: LedgerState, *, final: bool) -> None:
+        now = utcnow()
+        summaries = due_windows(state, now, self.ledger_cfg)
+        for summary in summaries:
             key = f"{summary.agent_name}|{summary.model}|{summary.window_start.isoformat()}"
             await self.t_windows.send(key=key.encode(), value=self.codec.encode(summary))
+        for alert in drift_alerts(state, summaries, now, self.ledger_cfg):
+            log.warning("reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
+                        alert.agent_name, alert.model, alert.mean, alert.fraction,
+                        alert.trailing_mean)
+            await self.t_alerts.send(
+                key=f"{alert.agent_name}|{alert.model}".encode(), value=self.codec.encode(alert)
+            )
         plan = due_commit(state, now, self.ledger_cfg, final=final)
         if plan is not None:
+            await self._commit(state, plan)
+        self._save_ledger(state)
+
+    async def _commit(self, state: LedgerState, plan: CommitPlan) -> None:
+        """Send one commit, write-ahead: the plan and Trinity's explore step before it are
+        stored (and flushed to the changelog) first, so a crash between sending and recording
+        is resolved from the explore step instead of committing twice."""
+        try:
+            plan.step_before = _explore_step(await self.trinity.metrics())
+        except TrinityError as exc:
+            log.warning("commit %d postponed: %s", plan.seq, exc)
+            self.stats["commit.failures"] += 1
+            return
+        state.pending_commit = plan
+        self._save_ledger(state)
+        await self.app.producer.flush()
+        await self._send_commit(state, plan)
+
+    async def _send_commit(self, state: LedgerState, plan: CommitPlan) -> None:
+        try:
+            answer = await self.trinity.commit()
+        except TrinityError as exc:
+            # the plan stays pending: the next ledger record resolves it
+            log.warning("commit %d failed: %s; will retry", plan.seq, exc)
+            self.stats["commit.failures"] += 1
+            return
+        await self._commit_recorded(state, plan, json.dumps(answer, sort_keys=True))
+
+    async def _resolve_commit(self, state: LedgerState) -> None:
+        """A commit was in flight when the ledger last stopped (or failed): was it applied?"""
+        plan = state.pending_commit
+        assert plan is not None
+        try:
+            step = _explore_step(await self.trinity.metrics())
+        except TrinityError as exc:
+            log.warning("cannot resolve commit %d yet: %s", plan.seq, exc)
+            return
+        if plan.step_before is not None and step is not None and step > plan.step_before:
+            log.info("commit %d was applied before the restart (explore step %d -> %d)",
+                     plan.seq, plan.step_before, step)
+            await self._commit_recorded(
+                state, plan, json.dumps({"recovered": True, "explore_step_num": step})
+            )
+        else:
+            plan.step_before = step
+            await self._send_commit(state, plan)
+
+    async def _commit_recorded(self, state: LedgerState, plan: CommitPlan, answer: str) -> None:
+        record = commit_done(state, plan, answer)
+        self.stats["commits"] += 1
+        log.info("commit %d: %d feedbacks", record.commit_seq, record.feedback_count)
+        await self.t_commits.send(
+            key=str(record.commit_seq).encode(), value=self.codec.encode(record)
+        )
+
+    async def final_commit(self) -> None:
+        """On a graceful stop: commit what was acknowledged, if this worker holds the ledger."""
+        if LEDGER_KEY not in self.ledger:
+            return
+        async with self._ledger_lock:
+            state = self._ledger_state()
             try:
-                answer = await self.trinity.commit()
-            except TrinityError as exc:
-                # the batch stays: the next tick tries again
-                log.warning("commit %d failed: %s; will retry", plan.seq, exc)
-                self.stats["commit.failures"] += 1
-            else:
-                record_ = commit_done(state, plan, json.dumps(answer, sort_keys=True))
-                self.stats["commits"] += 1
-                log.info("commit %d: %d feedbacks", record_.commit_seq, record_.feedback_count)
-                await self.t_commits.send(
-                    key=str(record_.commit_seq).encode(), value=self.codec.encode(record_)
-                )
-        self.ledger[LEDGER_KEY] = self.codec.encode(state)
+                if state.pending_commit is not None:
+                    await self._resolve_commit(state)
+                plan = due_commit(state, utcnow(), self.ledger_cfg, final=True)
+                if plan is not None:
+                    log.info("final commit of %d acknowledged feedbacks", plan.count)
+                    await self._commit(state, plan)
+                self._save_ledger(state)
+                await self.app.producer.flush()
+            except Exception:  # the stop goes on; the next owner commits the batch
+                log.exception("final commit failed")
+
+
+def _explore_step(metrics: dict[str, Any]) -> int | None:
+    value = metrics.get("explore_step_num")
+    return int(value) if isinstance(value, int | float) else None
 
 
 def _where(event: Any) -> str:

@@ -54,7 +54,7 @@ DEMO_SETTINGS = {
     "TRAJSTREAM_ASSEMBLY__TICK_S": "1",
     "TRAJSTREAM_COMMIT__INTERVAL_S": "5",
     "TRAJSTREAM_WINDOWS__SIZE_S": "10",
-    "TRAJSTREAM_WINDOWS__GRACE_S": "2",
+    "TRAJSTREAM_WINDOWS__GRACE_S": "8",
 }
 
 
@@ -197,7 +197,7 @@ async def _read_back(bootstrap: str, topics: Topics, trajectories: int, pairs: i
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     by_topic: dict[str, list[AvroModel]] = {t: [] for t in names.values()}
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     with console.status("Reading the output topics (waiting for the last reward windows)..."):
         try:
             while time.monotonic() < deadline:

@@ -17,8 +17,10 @@ Rules:
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from collections.abc import Iterable
 from enum import StrEnum
 
 from .models import (
@@ -34,12 +36,15 @@ from .select import CallView, Strategy
 
 __all__ = [
     "Applied",
+    "Deadlines",
     "Limits",
     "add_event",
     "close",
     "closed_reason",
+    "last_model",
     "new_pending",
     "task_id_for",
+    "view_of",
 ]
 
 
@@ -118,46 +123,89 @@ def task_id_for(call: CallView) -> str:
     return "task-" + hashlib.sha256(call.call_id.encode()).hexdigest()[:40]
 
 
-def _last_model(steps: list[Completion]) -> str | None:
+class Deadlines:
+    """Keys with a deadline; :meth:`due` hands out the keys whose deadline has passed.
+
+    An in-memory index beside a table, so that a clock tick costs the number of keys that are
+    due, not the size of the table. Setting a key again replaces its deadline.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[datetime, bytes]] = []
+        self._at: dict[bytes, datetime] = {}
+
+    def set(self, key: bytes, at: datetime) -> None:
+        self._at[key] = at
+        heapq.heappush(self._heap, (at, key))
+
+    def discard(self, key: bytes) -> None:
+        self._at.pop(key, None)
+
+    def due(self, now: datetime) -> list[bytes]:
+        out = []
+        while self._heap and self._heap[0][0] <= now:
+            at, key = heapq.heappop(self._heap)
+            if self._at.get(key) == at:
+                del self._at[key]
+                out.append(key)
+        if len(self._heap) > 2 * len(self._at) + 64:  # drop replaced entries now and then
+            self._heap = [(a, k) for k, a in self._at.items()]
+            heapq.heapify(self._heap)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
+def last_model(steps: list[Completion]) -> str | None:
+    """The model of the last LLM step (response model, else requested model)."""
     for step in reversed(steps):
         if step.kind is StepKind.LLM and (step.response_model or step.request_model):
             return step.response_model or step.request_model
     return None
 
 
+def view_of(state: PendingCall) -> CallView:
+    last = max((s.event_time for s in state.steps), default=None)
+    return CallView(state.call_id, state.start, state.end, last_model(state.steps), last)
+
+
 def close(state: PendingCall, strategy: Strategy, reason: str) -> tuple[Selection, Trajectory | None]:
     """Decide selection for a closing call and build its trajectory when selected.
 
-    A call without an END (abandoned, or oversized before its end) is never selected here:
-    it is returned with the selection reason ``abandoned`` / ``oversized`` for the records.
+    A call closed without its END (abandoned, or oversized before its end) is decided like any
+    other and, when selected, keeps what it had; its ``closed_reason`` says why it closed, and
+    the reward stage does not score it unless told to.
     """
-    if state.end is None:
-        why = reason.split(":", 1)[0]
-        return Selection(selected=False, strategy=strategy.name, reason=why), None
-    view = CallView(state.call_id, state.start, state.end, _last_model(state.steps))
+    view = view_of(state)
     selection = strategy.decide(view)
     if not selection.selected:
         return selection, None
     start, end = state.start, state.end
+    first = end or start
     mark = view.mark
     trajectory = Trajectory(
         trajectory_id=state.call_id,
         call_id=state.call_id,
         task_id=task_id_for(view),
         run_id=(mark.run_id or 0) if mark else 0,
-        agent_id=end.agent_id or (start.agent_id if start else None),
+        agent_id=_first(e.agent_id for e in (end, start) if e),
         agent_name=view.agent_name,
-        agent_version=end.agent_version or (start.agent_version if start else None),
-        conversation_id=end.conversation_id or (start.conversation_id if start else None),
-        input_messages=start.input_messages if start else end.input_messages,
-        output=end.output,
-        status=end.status,
-        error_type=end.error_type,
+        agent_version=_first(e.agent_version for e in (end, start) if e),
+        conversation_id=_first(e.conversation_id for e in (end, start) if e),
+        input_messages=(start or end).input_messages if first else [],
+        output=end.output if end else None,
+        status=end.status if end else None,
+        error_type=end.error_type if end else None,
         steps=list(state.steps),
         mark=mark,
         selection=selection,
         started_at=start.event_time if start else None,
-        ended_at=end.event_time,
+        ended_at=view.ended_at,
         closed_reason=reason,
     )
     return selection, trajectory
+
+
+def _first(values: Iterable[str | None]) -> str | None:
+    return next((v for v in values if v), None)

@@ -18,7 +18,7 @@ Reward windows
   Event-time tumbling windows per agent name and model: count, mean, min, max, standard
   deviation (Welford), success rate. A window is final when the watermark (largest event time
   seen) passes its end plus ``grace``, or, when the ledger has been idle for ``grace`` seconds of
-  processing time, when the wall clock passes its end. Each window is emitted once; a
+  processing time, when the wall clock passes its end plus ``grace``. Each window is emitted once; a
   trajectory for an emitted window is late and counted in the next summary of its agent/model.
 
 Unlike Faust's windowed tables, nothing here depends on a wall-clock cleanup timer or on
@@ -32,11 +32,28 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from .models import CommitRecord, FeedbackAck, LedgerState, WindowAccumulator, WindowSummary
+from .models import (
+    CommitRecord,
+    DriftAlert,
+    FeedbackAck,
+    LedgerState,
+    PendingCommit,
+    WindowAccumulator,
+    WindowSummary,
+)
 
 RECENT_IDS = 1000
 
-__all__ = ["RECENT_IDS", "CommitPlan", "LedgerConfig", "apply_ack", "commit_done", "due_commit", "due_windows"]
+__all__ = [
+    "RECENT_IDS",
+    "CommitPlan",
+    "LedgerConfig",
+    "apply_ack",
+    "commit_done",
+    "drift_alerts",
+    "due_commit",
+    "due_windows",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +63,44 @@ class LedgerConfig:
     commit_empty: bool = False
     window: timedelta = timedelta(seconds=60)
     grace: timedelta = timedelta(seconds=10)
+    drift_fraction: float = 0.8
+    drift_history: int = 5
 
 
-@dataclass(frozen=True, slots=True)
-class CommitPlan:
-    seq: int
-    interval_start: datetime
-    interval_end: datetime
-    count: int
-    reward_sum: float
-    reward_min: float
-    reward_max: float
-    final: bool
+CommitPlan = PendingCommit
+"""A commit that is due: what it carries. Stored in the state while it is in flight."""
+
+
+def drift_alerts(
+    state: LedgerState, summaries: list[WindowSummary], now: datetime, cfg: LedgerConfig
+) -> list[DriftAlert]:
+    """Compare each emitted window's mean with the trailing mean of its agent|model.
+
+    An alert when the mean falls below ``drift_fraction`` of the mean of up to ``drift_history``
+    earlier windows (at least two of them), for rewards that are not all zero.
+    """
+    alerts = []
+    for summary in summaries:
+        pair = f"{summary.agent_name}|{summary.model}"
+        history = state.trailing.get(pair, [])
+        if len(history) >= 2:
+            trailing = sum(history) / len(history)
+            if trailing > 0 and summary.mean < cfg.drift_fraction * trailing:
+                alerts.append(
+                    DriftAlert(
+                        agent_name=summary.agent_name,
+                        model=summary.model,
+                        window_start=summary.window_start,
+                        window_end=summary.window_end,
+                        mean=summary.mean,
+                        trailing_mean=trailing,
+                        trailing_windows=len(history),
+                        fraction=cfg.drift_fraction,
+                        raised_at=now,
+                    )
+                )
+        state.trailing[pair] = [*history, summary.mean][-cfg.drift_history :]
+    return alerts
 
 
 def _ms(t: datetime) -> int:
@@ -127,8 +170,8 @@ def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[Wi
     if state.watermark is not None:
         horizon = state.watermark - cfg.grace
     idle = state.last_event is None or now - state.last_event >= cfg.grace
-    if idle:
-        horizon = now if horizon is None else max(horizon, now)
+    if idle:  # traffic stopped: the clock stands in for the watermark
+        horizon = now - cfg.grace if horizon is None else max(horizon, now - cfg.grace)
     if horizon is None:
         return []
     final, keep = [], []
@@ -161,7 +204,12 @@ def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[Wi
 
 
 def due_commit(state: LedgerState, now: datetime, cfg: LedgerConfig, final: bool = False) -> CommitPlan | None:
-    """The commit due at ``now``, if any. Nothing changes until :func:`commit_done`."""
+    """The commit due at ``now``, if any. Nothing changes until :func:`commit_done`.
+
+    None while another commit is in flight (``state.pending_commit``).
+    """
+    if state.pending_commit is not None:
+        return None
     count = state.batch_count
     if final:
         if count == 0:
@@ -188,10 +236,20 @@ def due_commit(state: LedgerState, now: datetime, cfg: LedgerConfig, final: bool
 
 
 def commit_done(state: LedgerState, plan: CommitPlan, response: str) -> CommitRecord:
-    """Record that Trinity acknowledged ``plan``'s commit; starts the next batch."""
+    """Record that Trinity acknowledged ``plan``'s commit; starts the next batch.
+
+    Acknowledgements applied while the commit was in flight (Trinity unreachable, say) stay in
+    the batch for the next commit; the batch's min and max then still include the plan's.
+    """
     n = plan.count
     state.next_seq = plan.seq + 1
-    state.batch_count, state.batch_sum, state.batch_start = 0, 0.0, None
+    state.pending_commit = None
+    state.batch_count -= plan.count
+    state.batch_sum -= plan.reward_sum
+    if state.batch_count <= 0:
+        state.batch_count, state.batch_sum, state.batch_start = 0, 0.0, None
+    else:
+        state.batch_start = plan.interval_end
     state.last_commit = plan.interval_end
     return CommitRecord(
         commit_seq=plan.seq,

@@ -26,15 +26,19 @@ __all__ = [
     "CallPhase",
     "CallStatus",
     "ChatMessage",
+    "ClosedCall",
     "CommitRecord",
     "Completion",
     "DeadLetter",
+    "DriftAlert",
     "FeedbackAck",
     "FeedbackKind",
     "LedgerState",
     "PendingCall",
+    "PendingCommit",
     "RewardedTrajectory",
     "Selection",
+    "SelectionDecision",
     "StepKind",
     "Tick",
     "TrainingMark",
@@ -336,6 +340,19 @@ class WindowAccumulator(AvroModel):
     successes: int = 0
 
 
+class PendingCommit(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.PendingCommit"
+    seq: int
+    step_before: int | None = None
+    interval_start: UtcDateTime
+    interval_end: UtcDateTime
+    count: int
+    reward_sum: float
+    reward_min: float
+    reward_max: float
+    final: bool = False
+
+
 class LedgerState(AvroModel):
     avro_name: ClassVar[str] = "io.trajstream.LedgerState"
     next_seq: int = 0
@@ -351,6 +368,43 @@ class LedgerState(AvroModel):
     windows: list[WindowAccumulator] = Field(default_factory=list)
     closed_until: dict[str, int] = Field(default_factory=dict)
     late: dict[str, int] = Field(default_factory=dict)
+    applied_offset: int = -1
+    pending_commit: PendingCommit | None = None
+    trailing: dict[str, list[float]] = Field(default_factory=dict)
+
+
+class SelectionDecision(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.SelectionDecision"
+    call_id: NonEmpty
+    agent_name: str | None = None
+    model: str | None = None
+    selection: Selection
+    closed_reason: str
+    steps: int = 0
+    marked: bool = False
+    ended_at: UtcDateTime | None = None
+    decided_at: UtcDateTime
+
+
+class ClosedCall(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.ClosedCall"
+    call_id: NonEmpty
+    partition: int = -1
+    closed_at: UtcDateTime
+    reason: str = "ended"
+
+
+class DriftAlert(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.DriftAlert"
+    agent_name: str
+    model: str
+    window_start: UtcDateTime
+    window_end: UtcDateTime
+    mean: float
+    trailing_mean: float
+    trailing_windows: int
+    fraction: float
+    raised_at: UtcDateTime
 
 
 MODELS: tuple[type[AvroModel], ...] = (
@@ -370,5 +424,8 @@ MODELS: tuple[type[AvroModel], ...] = (
     PendingCall,
     AwaitingReward,
     LedgerState,
+    SelectionDecision,
+    ClosedCall,
+    DriftAlert,
 )
 """Every record model, in dependency order."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from .errors import ConfigError, RewardError
 from .models import CallStatus, FeedbackKind, RewardedTrajectory, StepKind, Trajectory
+from .join import last_model
 from .plugins import load_object
 
 __all__ = [
@@ -164,11 +165,6 @@ class Rewarder:
         if bad:
             raise RewardError(f"reward function {self.name} returned a non-finite {', '.join(bad)}")
         mark = trajectory.mark
-        last_model = next(
-            (s.response_model or s.request_model for s in reversed(trajectory.steps)
-             if s.kind is StepKind.LLM and (s.response_model or s.request_model)),
-            None,
-        )
         return RewardedTrajectory(
             trajectory_id=trajectory.trajectory_id,
             call_id=trajectory.call_id,
@@ -180,7 +176,7 @@ class Rewarder:
             reward_fn=self.name,
             reward_version=self.version,
             agent_name=trajectory.agent_name,
-            model=last_model,
+            model=last_model(trajectory.steps),
             succeeded=trajectory.status is CallStatus.OK,
             event_time=trajectory.ended_at,
             labels=list(mark.labels) if mark else [],

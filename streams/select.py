@@ -16,7 +16,7 @@ for the same call.
   is older than its TTL when the call ends (reason ``expired``) or was made after the call
   ended by more than the allowed clock skew (reason ``mark-from-future``).
 - :class:`AnyOf` / :class:`AllOf` combine strategies; :class:`PerKey` picks a strategy by agent
-  name or model.
+  name or model (``per-agent(support-bot=sampling:0.5,*=sampling:0.05)``).
 - Plugins: any class with ``name`` and ``decide(call) -> Selection`` (the :class:`Strategy`
   protocol), named by dotted path ``package.module:Class`` in the settings.
 """
@@ -27,11 +27,12 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from .errors import ConfigError
-from .models import AgentCall, Selection
+from .models import AgentCall, Selection, TrainingMark
 from .plugins import load_object
 
 __all__ = [
@@ -49,24 +50,39 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class CallView:
-    """What a strategy may look at: the call's start (if seen) and its end."""
+    """What a strategy may look at: the call's start and end (either may be missing when a call
+    is closed as abandoned or oversized) and the time of its last event."""
 
     call_id: str
     start: AgentCall | None
-    end: AgentCall
+    end: AgentCall | None
     model: str | None = None
+    last_event_time: datetime | None = None
 
     @property
     def agent_name(self) -> str | None:
-        return self.end.agent_name or (self.start.agent_name if self.start else None)
+        for event in (self.end, self.start):
+            if event is not None and event.agent_name:
+                return event.agent_name
+        return None
 
     @property
-    def mark(self):  # type: ignore[no-untyped-def]
-        return self.end.mark or (self.start.mark if self.start else None)
+    def mark(self) -> TrainingMark | None:
+        for event in (self.end, self.start):
+            if event is not None and event.mark is not None:
+                return event.mark
+        return None
 
     @property
     def ended_at(self) -> datetime:
-        return self.end.event_time
+        """When the call ended: its END's event time, else its last event's."""
+        if self.end is not None:
+            return self.end.event_time
+        if self.last_event_time is not None:
+            return self.last_event_time
+        if self.start is not None:
+            return self.start.event_time
+        raise ValueError(f"call {self.call_id} has no event with a time")
 
 
 @runtime_checkable
@@ -196,6 +212,10 @@ def build_strategy(
             if not inner:
                 raise ConfigError(f"selection strategy {spec!r} combines nothing")
             return cls([build_strategy(s, rate=rate, mark_ttl=mark_ttl, loader=loader) for s in inner])
+    for by in ("agent", "model"):
+        opener = f"per-{by}("
+        if spec.startswith(opener) and spec.endswith(")"):
+            return _per_key(by, spec, _split_top(spec[len(opener) : -1]), rate, mark_ttl, loader)
     head, _, arg = spec.partition(":")
     if head == "sampling":
         return SamplingRate(_number(spec, arg) if arg else rate)
@@ -206,7 +226,7 @@ def build_strategy(
         if not (math.isfinite(ttl) and 0 < ttl < 10**9):
             raise ConfigError(f"selection strategy {spec!r}: the TTL must be a positive number of seconds")
         return ExplicitMark(timedelta(seconds=ttl))
-    if "." in head and arg:
+    if "." in head and arg or _is_entry_point(spec):
         obj = loader(spec)
         strategy = obj() if isinstance(obj, type) else obj
         if not isinstance(strategy, Strategy):
@@ -214,8 +234,37 @@ def build_strategy(
         return strategy
     raise ConfigError(
         f"unknown selection strategy {spec!r}: use sampling[:rate], marked[:ttl_seconds], "
-        "any(...), all(...) or package.module:Class"
+        "any(...), all(...), per-agent(name=...,*=...), per-model(...), package.module:Class "
+        "or the name of a trajstream.strategies entry point"
     )
+
+
+def _is_entry_point(name: str) -> bool:
+    return any(ep.name == name for ep in entry_points(group="trajstream.strategies"))
+
+
+def _per_key(
+    by: str,
+    spec: str,
+    items: list[str],
+    rate: float,
+    mark_ttl: timedelta,
+    loader: Callable[[str], object],
+) -> PerKey:
+    strategies: dict[str, Strategy] = {}
+    default: Strategy | None = None
+    for item in items:
+        key, eq, inner = item.partition("=")
+        if not eq or not key.strip() or not inner.strip():
+            raise ConfigError(f"selection strategy {spec!r}: {item!r} is not {by}=strategy")
+        strategy = build_strategy(inner, rate=rate, mark_ttl=mark_ttl, loader=loader)
+        if key.strip() == "*":
+            default = strategy
+        else:
+            strategies[key.strip()] = strategy
+    if default is None:
+        raise ConfigError(f"selection strategy {spec!r} needs a default: *=strategy")
+    return PerKey(by, strategies, default)
 
 
 def _number(spec: str, text: str) -> float:

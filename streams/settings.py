@@ -67,6 +67,9 @@ class AssemblySettings(_Section):
     max_steps: PositiveInt = 256
     max_bytes: PositiveInt = 1_000_000
     abandon_after_s: PositiveFloat = 600.0
+    late_retention_s: PositiveFloat = Field(
+        default=900.0, description="how long a closed call is remembered to record late events"
+    )
     tick_s: PositiveFloat = 5.0
 
 
@@ -74,11 +77,16 @@ class RewardSettings(_Section):
     function: str = Field(default="streams.rewards:success", min_length=1)
     weights: dict[str, float] = Field(default_factory=dict)
     feedback_grace_s: float = Field(default=0.0, ge=0.0)
+    score_incomplete: bool = Field(
+        default=False, description="also reward trajectories closed as abandoned or oversized"
+    )
 
 
 class WindowSettings(_Section):
     size_s: PositiveInt = Field(default=60, description="tumbling window size, whole seconds")
     grace_s: float = Field(default=10.0, ge=0.0)
+    drift_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
+    drift_history: int = Field(default=5, ge=2)
 
 
 class CommitSettings(_Section):

@@ -18,6 +18,9 @@ topic                         partitions  records
 <prefix>.windows              1           WindowSummary
 <prefix>.commits              1           CommitRecord
 <prefix>.dead-letters         N           DeadLetter
+<prefix>.decisions            N           SelectionDecision (one per closed call)
+<prefix>.late-events          N           DeadLetter (stage "late": arrived after its call closed)
+<prefix>.alerts               1           DriftAlert
 ============================  ==========  =========================================
 """
 
@@ -77,6 +80,18 @@ class Topics:
     def dead_letters(self) -> str:
         return self._t("dead-letters")
 
+    @property
+    def decisions(self) -> str:
+        return self._t("decisions")
+
+    @property
+    def late_events(self) -> str:
+        return self._t("late-events")
+
+    @property
+    def alerts(self) -> str:
+        return self._t("alerts")
+
     def all(self) -> dict[str, int]:
         """Every topic with its partition count."""
         n = self.partitions
@@ -90,6 +105,9 @@ class Topics:
             self.windows: 1,
             self.commits: 1,
             self.dead_letters: n,
+            self.decisions: n,
+            self.late_events: n,
+            self.alerts: 1,
         }
 
 

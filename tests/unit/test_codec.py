@@ -155,7 +155,7 @@ marks = st.builds(
     labels=st.lists(texts, max_size=3),
     metadata=st.dictionaries(texts, texts, max_size=3),
     task_id=st.none() | st.text(min_size=1, max_size=64),
-    run_id=st.none() | int64,
+    run_id=st.none() | int32,
     marked_at=utc_ms,
 )
 

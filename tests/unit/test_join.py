@@ -223,12 +223,16 @@ def test_not_selected_gives_no_trajectory() -> None:
     ("reason", "why"),
     [("abandoned: no end event", "abandoned"), ("oversized: more than 5 steps", "oversized")],
 )
-def test_no_end_is_never_selected(reason: str, why: str) -> None:
+def test_a_call_closed_without_its_end_keeps_what_it_had(reason: str, why: str) -> None:
     strategy = Recording()
     selection, traj = close(pending(start(mark=mark()), step(seq=0)), strategy, reason)
-    assert traj is None
-    assert selection == Selection(selected=False, strategy="recording", reason=why)
-    assert strategy.seen == []
+    assert selection.selected
+    assert traj is not None
+    assert traj.closed_reason == reason and traj.closed_reason.startswith(why)
+    assert traj.status is None and traj.output is None
+    assert [s.seq for s in traj.steps] == [0]
+    assert traj.ended_at == step(seq=0).event_time  # the last event's time
+    assert len(strategy.seen) == 1 and strategy.seen[0].end is None
 
 
 def test_strategy_sees_the_model_of_the_last_llm_step() -> None:

@@ -270,8 +270,8 @@ def test_idle_ledger_closes_windows_by_the_wall_clock() -> None:
     state = with_acks((5, make_ack(event=5)))
     assert summaries_at(state, 14.999) == []  # not idle yet
     assert summaries_at(state, 15) == []  # idle, but the window has not ended
-    assert summaries_at(state, 59.999) == []
-    [summary] = summaries_at(state, 60)
+    assert summaries_at(state, 69.999) == []  # the window ended, the grace period has not
+    [summary] = summaries_at(state, 70)  # window end (60 s) + grace (10 s)
     assert summary.window_end == at(60)
 
 
