@@ -45,7 +45,7 @@ from .errors import (
     TrinityUnavailable,
     ValidationError,
 )
-from .join import Applied, Deadlines, Limits, add_event, close, closed_reason, new_pending, view_of
+from .join import Applied, Deadlines, Limits, Progress, close, closed_reason, view_of
 from .ledger import (
     CommitPlan,
     LedgerConfig,
@@ -72,6 +72,7 @@ from .models import (
     UserFeedback,
     utcnow,
 )
+from .pending import PendingCodec
 from .rewards import Rewarder, load_reward
 from .select import Strategy, build_strategy
 from .settings import Settings
@@ -83,6 +84,9 @@ __all__ = ["Pipeline"]
 log = logging.getLogger("trajstream")
 
 LEDGER_KEY = b"state"
+FEEDBACK_BATCH = 64
+LEDGER_BATCH = 500
+BATCH_WITHIN = 0.05  # seconds a batch waits to fill
 
 
 class Pipeline:
@@ -104,6 +108,7 @@ class Pipeline:
     ) -> None:
         self.settings = settings
         self.codec = codec or SchemaRegistry.default()
+        self.pending_codec = PendingCodec(self.codec)
         self.topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
         self.strategy = strategy or build_strategy(
             settings.selection.strategy,
@@ -135,6 +140,7 @@ class Pipeline:
         self._forget: dict[int, Deadlines] = {}
         self._grace: dict[int, Deadlines] = {}
         self._ledger_lock = asyncio.Lock()
+        self._http_slots = asyncio.Semaphore(settings.trinity.max_connections)
         self.feedback_grace = timedelta(seconds=settings.reward.feedback_grace_s)
         self.worker_name = f"{socket.gethostname()}:{os.getpid()}"
         self._trinity_factory = trinity or (
@@ -202,8 +208,11 @@ class Pipeline:
         self.pending = raw_table("pending", n)
         self.closed = raw_table("closed", n)
         self.awaiting = raw_table("awaiting", n)
-        # one partition; written by the final commit outside a stream too, hence the partitioner
-        self.ledger = raw_table("ledger", 1, use_partitioner=True)
+        self.ledger = raw_table("ledger", 1)
+        # One partition: every key lives in partition 0. Saying so lets the final commit write
+        # outside a stream (Faust otherwise takes the partition from the current event, and
+        # its use_partitioner option needs producer metadata it may not have yet).
+        self.ledger.partition_for_key = lambda key: 0  # type: ignore[method-assign]
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
         @app.agent(app.topic(t.agent_events, t.ticks, key_type=bytes, value_type=bytes,
@@ -220,17 +229,20 @@ class Pipeline:
             async for event in stream.events():
                 await self._guard("reward", event, self._reward)
 
-        # 3. feedback: rewarded -> POST /feedback until acknowledged -> ledger
+        # 3. feedback: rewarded -> POST /feedback until acknowledged -> ledger. In batches: the
+        # requests of a batch run concurrently (at most trinity.max_connections), and the
+        # batch's offsets are acknowledged to Kafka only after all of it was handled.
         @app.agent(self.t_rewarded, name="feedback")
         async def feedback(stream: faust.StreamT) -> None:
-            async for event in stream.events():
-                await self._guard("feedback", event, self._feedback)
+            async for batch in stream.take_events(FEEDBACK_BATCH, within=BATCH_WITHIN):
+                await asyncio.gather(*(self._guard("feedback", e, self._feedback) for e in batch))
 
-        # 4. ledger: acknowledgements and ticks -> commits and reward windows
+        # 4. ledger: acknowledgements and ticks -> commits and reward windows; one state
+        # read and write per batch
         @app.agent(self.t_ledger, name="ledger")
         async def ledger(stream: faust.StreamT) -> None:
-            async for event in stream.events():
-                await self._guard("ledger", event, self._ledger)
+            async for batch in stream.take_events(LEDGER_BATCH, within=BATCH_WITHIN):
+                await self._ledger(batch)
 
         @app.timer(s.assembly.tick_s, on_leader=True)
         async def assembly_clock() -> None:
@@ -252,6 +264,8 @@ class Pipeline:
         @app.on_before_shutdown.connect
         async def _final(app: faust.App, **_: Any) -> None:
             await self.final_commit()
+            if self._trinity is not None:
+                await self._trinity.aclose()
 
         @app.on_after_configured.connect
         def _quiet(app: faust.App, **_: Any) -> None:  # pragma: no cover - logging only
@@ -328,16 +342,12 @@ class Pipeline:
             await self._late(event, self.codec.decode_as(closed, ClosedCall))
             return
         now = utcnow()
-        raw = self.pending.get(key)
-        if raw:
-            state = self.codec.decode_as(raw, PendingCall)
+        stored = self.pending.get(key)
+        if stored is not None:
+            progress = self.pending_codec.progress(stored)
         else:
-            state = new_pending(record.call_id, now)
-            self._index(self._abandon, msg.partition).set(
-                key, now + self.limits.abandon_after
-            )
-        state.partition = msg.partition
-        applied = add_event(state, record, len(msg.value))
+            progress = Progress(record.call_id, now, msg.partition)
+        applied = progress.apply(record, len(msg.value))
         if applied is Applied.DUPLICATE:
             self.stats["events.duplicate"] += 1
             return
@@ -348,11 +358,17 @@ class Pipeline:
                 "event ids; the first was kept"
             )
         self.stats["events.applied"] += 1
-        reason = closed_reason(state, now, self.limits)
-        if reason is None:
-            self.pending[key] = self.codec.encode(state)
+        item = PendingCodec.item(record, msg.value)
+        if stored is None:
+            stored = self.pending_codec.new(record.call_id, msg.partition, now, item)
+            self._index(self._abandon, msg.partition).set(key, now + self.limits.abandon_after)
         else:
-            await self._close(key, state, reason)
+            stored = self.pending_codec.append(stored, item)
+        reason = closed_reason(progress, now, self.limits)
+        if reason is None:
+            self.pending[key] = stored
+        else:
+            await self._close(key, self.pending_codec.pending_call(stored), reason)
 
     async def _close(self, key: bytes, state: PendingCall, reason: str) -> None:
         now = utcnow()
@@ -416,9 +432,9 @@ class Pipeline:
         """Fill a partition's deadline index from its table (after an assignment)."""
         if indexes is self._abandon:
             for key, raw in list(self.pending.items()):
-                pending = self.codec.decode_as(raw, PendingCall)
-                if pending.partition == partition:
-                    index.set(key, pending.first_seen + self.limits.abandon_after)
+                progress = self.pending_codec.progress(raw)
+                if progress.partition == partition:
+                    index.set(key, progress.first_seen + self.limits.abandon_after)
         elif indexes is self._forget:
             for key, raw in list(self.closed.items()):
                 closed = self.codec.decode_as(raw, ClosedCall)
@@ -435,10 +451,9 @@ class Pipeline:
             raw = self.pending.get(key)
             if raw is None:
                 continue
-            state = self.codec.decode_as(raw, PendingCall)
-            reason = closed_reason(state, tick.at, self.limits)
+            reason = closed_reason(self.pending_codec.progress(raw), tick.at, self.limits)
             if reason is not None:
-                await self._close(key, state, reason)
+                await self._close(key, self.pending_codec.pending_call(raw), reason)
         for key in self._index(self._forget, partition).due(tick.at):
             if key in self.closed:
                 del self.closed[key]
@@ -540,9 +555,10 @@ class Pipeline:
         for delay in backoff_delays(base=0.2, cap=10.0):
             attempts += 1
             try:
-                await self.trinity.feedback(
-                    rewarded.msg_ids, rewarded.reward, rewarded.task_id, rewarded.run_id
-                )
+                async with self._http_slots:
+                    await self.trinity.feedback(
+                        rewarded.msg_ids, rewarded.reward, rewarded.task_id, rewarded.run_id
+                    )
                 break
             except TrinityUnavailable as exc:
                 if time.monotonic() - started + delay > max_age:
@@ -563,28 +579,38 @@ class Pipeline:
 
     # -- 4. ledger ---------------------------------------------------------------------------
 
-    async def _ledger(self, event: Any) -> None:
-        record = self._decode(event)
-        offset = event.message.offset
+    async def _ledger(self, events: list[Any]) -> None:
+        """Apply a batch of ledger records, then decide windows and commits once."""
+        bad: list[tuple[Any, BaseException]] = []
         async with self._ledger_lock:
             state = self._ledger_state()
-            if offset <= state.applied_offset:
-                # applied before a restart: the table restored from the changelog has it
-                self.stats["ledger.reapplied"] += 1
-                return
-            state.applied_offset = offset
             if state.pending_commit is not None:
                 await self._resolve_commit(state)
             final = False
-            if isinstance(record, FeedbackAck):
-                if not apply_ack(state, record, utcnow(), self.ledger_cfg):
-                    self.stats["ledger.duplicate_acks"] += 1
-            elif isinstance(record, Tick):
-                final = record.final
-            else:
-                self._save_ledger(state)
-                raise RecordError(f"{record.avro_name} does not belong on {event.message.topic}")
+            now = utcnow()
+            for event in events:
+                offset = event.message.offset
+                if offset <= state.applied_offset:
+                    # applied before a restart: the table restored from the changelog has it
+                    self.stats["ledger.reapplied"] += 1
+                    continue
+                state.applied_offset = offset
+                try:
+                    record = self._decode(event)
+                    if isinstance(record, FeedbackAck):
+                        if not apply_ack(state, record, now, self.ledger_cfg):
+                            self.stats["ledger.duplicate_acks"] += 1
+                    elif isinstance(record, Tick):
+                        final = final or record.final
+                    else:
+                        raise RecordError(
+                            f"{record.avro_name} does not belong on {event.message.topic}"
+                        )
+                except RecordError as exc:
+                    bad.append((event, exc))
             await self._ledger_decisions(state, final=final)
+        for event, exc in bad:
+            await self._dead_letter("ledger", exc, event)
 
     def _ledger_state(self) -> LedgerState:
         raw = self.ledger.get(LEDGER_KEY)

@@ -7,6 +7,7 @@
     trajstream simulate                       drive simulated agent traffic
     trajstream standin                        run the Trinity stand-in server
     trajstream demo                           the whole loop on local parts, with a summary
+    trajstream replay                         re-score a range of history: dry run, Trinity, files
     trajstream settings                       print the effective settings
 
 Every command reads the settings (environment ``TRAJSTREAM_*``, ``--config FILE``); a bad
@@ -206,6 +207,50 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return run_demo(settings, calls=args.calls, agents=args.agents)
 
 
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from .models import utcnow
+    from .replay import ReplayOptions, parse_offsets, parse_time, run_replay
+
+    now = utcnow()
+    prefix = settings.kafka.topic_prefix
+    options = ReplayOptions(
+        since=parse_time(args.since, now) if args.since else None,
+        until=parse_time(args.until, now) if args.until else None,
+        offsets=[parse_offsets(spec, prefix) for spec in args.offsets],
+        strategy=args.strategy,
+        reward=args.reward,
+        compare_reward=args.compare_reward,
+        dry_run=args.dry_run,
+        to=set(args.to),
+        out=args.out,
+        min_reward=args.min_reward,
+        dpo_margin=args.dpo_margin,
+        commit_every=args.commit_every,
+        commit_interval_s=args.commit_interval,
+        redact=args.redact,
+        redact_patterns=list(args.redact_pattern),
+        lookback_s=args.lookback,
+    )
+    options.validate()
+    result = asyncio.run(run_replay(settings, resolve_bootstrap(settings), options))
+    return 1 if result.rejected else 0
+
+
+_REPLAY_EXAMPLES = """\
+examples:
+  trajstream replay --since 2h                                  dry run: what would be selected
+  trajstream replay --since 2026-01-31T00:00Z --until 2026-02-01T00:00Z \\
+      --strategy "sampling:1" --reward mypkg.rewards:strict --to trinity --commit-every 100
+  trajstream replay --since 7d --to files --out datasets/week --min-reward 0.8 --redact
+  trajstream replay --since 1d --reward streams.rewards:success \\
+      --compare-reward streams.rewards:user_rating                A/B of two reward functions
+  trajstream replay --offsets agent-events:0:1000-2000 --offsets user-feedback:0:0-
+
+Without --to (or with --dry-run) nothing is sent or written. Acknowledged feedback is recorded
+on <prefix>.replayed: re-running a replay skips it, and says so.
+"""
+
+
 def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
     print(json.dumps(settings.model_dump(mode="json"), indent=2))
     return 0
@@ -253,6 +298,61 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=120, help="agent calls to simulate")
     p.add_argument("--agents", type=int, default=3, help="simulated agents")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "replay",
+        help="re-score a range of history under a strategy and reward: dry run, to Trinity, or "
+        "to dataset files",
+        description="Replay the input topics over a time range (or explicit offsets) through "
+        "the pipeline's selection, assembly and reward stages, with a strategy and reward "
+        "function that may differ from the live ones. Reads without a consumer group: the live "
+        "workers' offsets and state are never touched.",
+        epilog=_REPLAY_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("range")
+    g.add_argument("--since", metavar="TIME",
+                   help="start: ISO 8601 (2026-01-31T12:00Z; no zone means UTC) or an age (90m, "
+                   "2h, 7d); default: the beginning of the topics")
+    g.add_argument("--until", metavar="TIME", help="end (exclusive); default: now")
+    g.add_argument("--offsets", action="append", default=[], metavar="TOPIC:PARTITION:START-END",
+                   help="explicit offsets instead of a time range (END exclusive, empty: the end "
+                   "of the partition), e.g. agent-events:0:100-200; repeatable")
+    g.add_argument("--lookback", type=float, default=None, metavar="SECONDS",
+                   help="also read this long before --since so that calls that started before "
+                   "it are complete (default: assembly.abandon_after_s)")
+    g = p.add_argument_group("scoring")
+    g.add_argument("--strategy", metavar="SPEC", help="selection strategy (default: "
+                   "selection.strategy), e.g. sampling:1, marked, any(marked,sampling:0.2)")
+    g.add_argument("--reward", metavar="FUNCTION", help="reward function (default: "
+                   "reward.function), e.g. streams.rewards:success or mypkg.rewards:fn")
+    g.add_argument("--compare-reward", metavar="FUNCTION",
+                   help="A/B: also score with this function and compare, side by side (a dry run)")
+    g.add_argument("--min-reward", type=float, default=0.5, metavar="X",
+                   help="threshold for SFT rows and for the A/B agreement (default 0.5)")
+    g = p.add_argument_group("output")
+    g.add_argument("--dry-run", action="store_true",
+                   help="count and report only; send and write nothing (the default without --to)")
+    g.add_argument("--to", action="append", default=[], choices=["trinity", "files"],
+                   help="send feedback to Trinity (trinity.url) and/or write dataset files; "
+                   "repeatable")
+    g.add_argument("--out", type=Path, metavar="DIR", help="directory for --to files: "
+                   "trajectories.jsonl, sft.jsonl, dpo.jsonl, manifest.json")
+    g.add_argument("--dpo-margin", type=float, default=0.2, metavar="X",
+                   help="least reward difference for a DPO pair from reward ranking (default 0.2)")
+    g.add_argument("--commit-every", type=int, default=None, metavar="N",
+                   help="POST /commit after every N acknowledged feedbacks (and at the end)")
+    g.add_argument("--commit-interval", type=float, default=None, metavar="SECONDS",
+                   help="or when this long has passed since the last commit (default: "
+                   "commit.interval_s)")
+    g = p.add_argument_group("redaction")
+    g.add_argument("--redact", action="store_true",
+                   help="replace e-mail addresses, phone numbers and API keys/secrets before "
+                   "anything leaves (files, task_id to Trinity)")
+    g.add_argument("--redact-pattern", action="append", default=[], metavar="REGEX",
+                   help="also replace matches of this regular expression with [REDACTED]; "
+                   "repeatable")
+    p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("settings", help="print the effective settings as JSON")
     p.set_defaults(func=cmd_settings)

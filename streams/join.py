@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from collections.abc import Iterable
 from enum import StrEnum
@@ -42,7 +42,9 @@ __all__ = [
     "close",
     "closed_reason",
     "last_model",
+    "Progress",
     "new_pending",
+    "progress_of",
     "task_id_for",
     "view_of",
 ]
@@ -65,50 +67,89 @@ def new_pending(call_id: str, now: datetime) -> PendingCall:
     return PendingCall(call_id=call_id, first_seen=now)
 
 
-def _seen_ids(state: PendingCall) -> set[str]:
-    ids = {s.event_id for s in state.steps}
-    if state.start:
-        ids.add(state.start.event_id)
-    if state.end:
-        ids.add(state.end.event_id)
-    return ids
+@dataclass(slots=True)
+class Progress:
+    """What the assembly needs to know of an open call to apply an event and to decide when it
+    closes, without the events themselves: ids seen, steps seen, start/end, sizes."""
+
+    call_id: str
+    first_seen: datetime
+    partition: int = -1
+    ids: set[str] = field(default_factory=set)
+    seqs: set[int] = field(default_factory=set)
+    has_start: bool = False
+    has_end: bool = False
+    expected_steps: int | None = None
+    bytes: int = 0
+
+    def apply(self, event: AgentCall | Completion, size: int) -> Applied:
+        """Record one event (of ``size`` bytes on the wire); says whether it was new."""
+        if event.event_id in self.ids:
+            return Applied.DUPLICATE
+        if isinstance(event, Completion):
+            if event.seq in self.seqs:
+                return Applied.DUPLICATE_SEQ
+            self.seqs.add(event.seq)
+        elif event.phase is CallPhase.START:
+            if self.has_start:
+                return Applied.DUPLICATE
+            self.has_start = True
+        else:
+            if self.has_end:
+                return Applied.DUPLICATE
+            self.has_end = True
+            self.expected_steps = event.step_count
+        self.ids.add(event.event_id)
+        self.bytes += size
+        return Applied.ADDED
+
+
+def progress_of(state: PendingCall) -> Progress:
+    progress = Progress(state.call_id, state.first_seen, state.partition)
+    progress.ids = {s.event_id for s in state.steps}
+    progress.seqs = {s.seq for s in state.steps}
+    for event in (state.start, state.end):
+        if event is not None:
+            progress.ids.add(event.event_id)
+    progress.has_start = state.start is not None
+    progress.has_end = state.end is not None
+    progress.expected_steps = state.end.step_count if state.end else None
+    progress.bytes = state.bytes
+    return progress
 
 
 def add_event(state: PendingCall, event: AgentCall | Completion, size: int) -> Applied:
     """Apply one event (of ``size`` bytes on the wire) to the open call, in place."""
-    if event.event_id in _seen_ids(state):
-        return Applied.DUPLICATE
+    applied = progress_of(state).apply(event, size)
+    if applied is not Applied.ADDED:
+        return applied
     if isinstance(event, Completion):
-        if any(s.seq == event.seq for s in state.steps):
-            return Applied.DUPLICATE_SEQ
         state.steps.append(event)
         state.steps.sort(key=lambda s: s.seq)
     elif event.phase is CallPhase.START:
-        if state.start is not None:
-            return Applied.DUPLICATE
         state.start = event
     else:
-        if state.end is not None:
-            return Applied.DUPLICATE
         state.end = event
     state.bytes += size
     return Applied.ADDED
 
 
-def closed_reason(state: PendingCall, now: datetime, limits: Limits) -> str | None:
+def closed_reason(state: PendingCall | Progress, now: datetime, limits: Limits) -> str | None:
     """Why the call should close now, or None while it stays open."""
-    if len(state.steps) > limits.max_steps:
+    progress = state if isinstance(state, Progress) else progress_of(state)
+    steps = len(progress.seqs)
+    if steps > limits.max_steps:
         return f"oversized: more than {limits.max_steps} steps"
-    if state.bytes > limits.max_bytes:
+    if progress.bytes > limits.max_bytes:
         return f"oversized: more than {limits.max_bytes} bytes"
-    if state.end is not None:
-        expected = state.end.step_count
-        if expected is None or len(state.steps) >= expected:
+    if progress.has_end:
+        expected = progress.expected_steps
+        if expected is None or steps >= expected:
             return "ended"
-    if now - state.first_seen > limits.abandon_after:
-        return "abandoned: no end event" if state.end is None else (
-            f"abandoned: {len(state.steps)} of {state.end.step_count} steps arrived"
-        )
+    if now - progress.first_seen > limits.abandon_after:
+        if not progress.has_end:
+            return "abandoned: no end event"
+        return f"abandoned: {steps} of {progress.expected_steps} steps arrived"
     return None
 
 

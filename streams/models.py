@@ -35,6 +35,8 @@ __all__ = [
     "FeedbackKind",
     "LedgerState",
     "PendingCall",
+    "PendingEvent",
+    "PendingEvents",
     "PendingCommit",
     "RewardedTrajectory",
     "Selection",
@@ -307,8 +309,9 @@ class DeadLetter(AvroModel):
     worker: str = ""
 
 
-class PendingCall(AvroModel):
-    avro_name: ClassVar[str] = "io.trajstream.PendingCall"
+class PendingCall(BaseModel):
+    """The assembly's working view of an open call (in memory; stored as PendingEvents)."""
+
     call_id: NonEmpty
     start: AgentCall | None = None
     end: AgentCall | None = None
@@ -316,6 +319,24 @@ class PendingCall(AvroModel):
     first_seen: UtcDateTime
     bytes: int = 0
     partition: int = -1
+
+
+class PendingEvent(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.PendingEvent"
+    event_id: str
+    kind: int
+    seq: int = -1
+    step_count: int = -1
+    size: int
+    data: bytes
+
+
+class PendingEvents(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.PendingEvents"
+    call_id: NonEmpty
+    partition: int = -1
+    first_seen: UtcDateTime
+    events: list[PendingEvent] = Field(default_factory=list)
 
 
 class AwaitingReward(AvroModel):
@@ -421,7 +442,7 @@ MODELS: tuple[type[AvroModel], ...] = (
     WindowSummary,
     CommitRecord,
     DeadLetter,
-    PendingCall,
+    PendingEvents,
     AwaitingReward,
     LedgerState,
     SelectionDecision,

@@ -280,6 +280,7 @@ class StandIn:
         app.router.add_post("/feedback", self._feedback)
         app.router.add_post("/commit", self._commit)
         app.router.add_get("/_standin/state", self._get_state)
+        app.router.add_get("/_standin/counts", self._get_counts)
         app.router.add_post("/_standin/fault", self._post_fault)
         app.router.add_post("/_standin/reset", self._post_reset)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._shutdown_timeout)
@@ -592,6 +593,19 @@ class StandIn:
         return web.json_response({"status": "success"})
 
     # -- introspection --------------------------------------------------------------------
+
+    async def _get_counts(self, request: web.Request) -> web.Response:
+        """Small and cheap, for polling: how much was received so far."""
+        s = self._state
+        return web.json_response({
+            "feedback_requests": len(s.feedback),
+            "feedback_ok": sum(1 for f in s.feedback if f.status == 200),
+            "msg_ids_applied": sum(len(f.applied) for f in s.feedback),
+            "commits": len(s.commits),
+            "trained": len(s.trained),
+            "explore_step": s.explore_step,
+            "last_feedback_at": s.feedback[-1].at if s.feedback else None,
+        })
 
     async def _get_state(self, request: web.Request) -> web.Response:
         return web.json_response(self._state.to_json())

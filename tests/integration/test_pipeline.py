@@ -6,6 +6,7 @@ exactly that call's msg_ids and the expected reward, followed by a commit that c
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -144,3 +145,24 @@ async def test_bad_records_go_to_dead_letters_and_the_worker_keeps_going(
         assert letter.source_topic == f"{prefix}.agent-events"
         assert letter.source_offset >= 0
         assert letter.stage == "assemble"
+
+
+async def test_a_graceful_stop_commits_what_was_acknowledged(kafka_bootstrap, prefix, standin, workers):
+    worker = workers(
+        TRAJSTREAM_TRINITY__URL=standin.url,
+        TRAJSTREAM_SELECTION__STRATEGY="sampling:1",
+        TRAJSTREAM_COMMIT__INTERVAL_S=3600,  # no interval ends during the test
+    )
+    sims = await _traffic(kafka_bootstrap, prefix, standin, calls=6, seed=3)
+    ids = {m for s in sims for m in s.msg_ids}
+    state = standin.state
+    await wait_for(lambda: {m for f in state.feedback for m in f.applied} >= ids, 90,
+                   "every feedback acknowledged")
+    assert state.commits == []
+    await asyncio.to_thread(worker.stop)  # SIGTERM; the in-process stand-in keeps serving
+    assert not worker.alive
+    assert [c.status for c in state.commits] == [200]
+    assert set(state.trained) == ids
+    [record] = await read_topic(kafka_bootstrap, f"{prefix}.commits", until=lambda rs: len(rs) >= 1)
+    assert isinstance(record, CommitRecord)
+    assert record.final and record.feedback_count == len(sims)

@@ -26,6 +26,8 @@ from streams.models import (
     LedgerState,
     PendingCall,
     PendingCommit,
+    PendingEvent,
+    PendingEvents,
     RewardedTrajectory,
     Selection,
     SelectionDecision,
@@ -204,9 +206,13 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             source_topic="trajstream.agent-events", source_partition=2, source_offset=991,
             key=b"call-1", payload=b"\xc3\x01\x00\xff", failed_at=at(1), worker="w-1",
         ),
-        PendingCall: PendingCall(
-            call_id="call-1", start=start(), end=end(step_count=2),
-            steps=[step(seq=0), step(seq=1)], first_seen=T0, bytes=1234, partition=3,
+        PendingEvents: PendingEvents(
+            call_id="call-1", partition=3, first_seen=T0,
+            events=[
+                PendingEvent(event_id="e1", kind=0, size=10, data=b"\xc3\x01start"),
+                PendingEvent(event_id="e2", kind=2, seq=0, size=12, data=b"\xc3\x01step"),
+                PendingEvent(event_id="e3", kind=1, step_count=1, size=9, data=b"\xc3\x01end"),
+            ],
         ),
         AwaitingReward: AwaitingReward(
             call_id="call-1", partition=1, trajectory=traj, feedback=[feedback()], since=at(4),

@@ -1,0 +1,482 @@
+"""Dataset export: rewarded trajectories as fine-tuning files, with a manifest to trace them.
+
+Three JSON-lines files, built by pure functions from trajectories and their rewards:
+
+- ``trajectories.jsonl``: every rewarded trajectory, ``{"trajectory": ..., "reward": ...}``
+  (the :class:`~streams.models.Trajectory` and :class:`~streams.models.RewardedTrajectory`
+  records as JSON).
+- ``sft.jsonl``: OpenAI chat fine-tuning rows, ``{"messages": [...]}``, from trajectories whose
+  reward passes a threshold (:func:`sft_row`).
+- ``dpo.jsonl``: OpenAI preference fine-tuning rows, ``{"input": {"messages": [...]},
+  "preferred_output": [...], "non_preferred_output": [...]}``, from PREFERENCE feedback
+  (:func:`preference_pairs`) and from reward ranking of trajectories that share a prompt
+  (:func:`ranking_pairs`).
+
+Exact duplicate rows are removed (:func:`dedupe`). Every row is validated against its format
+(:class:`SftRow`, :class:`DpoRow`) before it is written. Files are written to a temporary name
+in the target directory and renamed into place only when all of them are complete
+(:func:`write_export`), so a failure leaves nothing half-written; ``manifest.json`` is renamed
+last and lists, per file, its row count, checksum and a trace of every row back to its call.
+
+The pipeline records tool calls by name only (``Completion.tool_calls``), without arguments or
+ids: an SFT row gives each one a synthetic id (``call_<seq>_<n>``) and ``"{}"`` as arguments
+unless the recorded entry is itself a JSON object with ``name`` and ``arguments``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import ConfigError, TrajstreamError
+from .models import (
+    ChatMessage,
+    Completion,
+    FeedbackKind,
+    RewardedTrajectory,
+    StepKind,
+    Trajectory,
+    UserFeedback,
+)
+
+__all__ = [
+    "EXPORT_SCHEMA_VERSION",
+    "DpoRow",
+    "ExportError",
+    "Pair",
+    "Row",
+    "SftRow",
+    "canonical",
+    "check_writable",
+    "dedupe",
+    "preference_pairs",
+    "ranking_pairs",
+    "sft_messages",
+    "sft_row",
+    "trajectory_row",
+    "write_export",
+]
+
+EXPORT_SCHEMA_VERSION = 1
+"""Version of the export files' layout and of the manifest; bumped when either changes."""
+
+
+class ExportError(TrajstreamError):
+    """An export could not be written (the target is not a writable directory)."""
+
+
+# -- the formats -----------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolFunction(_Strict):
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class ToolCall(_Strict):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class Message(_Strict):
+    """One message of OpenAI's chat format, as fine-tuning accepts it."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    weight: Literal[0, 1] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> Message:
+        if self.role == "assistant":
+            if not self.content and not self.tool_calls:
+                raise ValueError("an assistant message needs content or tool_calls")
+        else:
+            if self.content is None:
+                raise ValueError(f"a {self.role} message needs content")
+            if self.tool_calls is not None or self.weight is not None:
+                raise ValueError(f"a {self.role} message cannot have tool_calls or weight")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("tool_call_id is required on tool messages, and only there")
+        return self
+
+
+class SftRow(_Strict):
+    """A row of OpenAI's chat fine-tuning format (``{"messages": [...]}``)."""
+
+    messages: list[Message] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _conversation(self) -> SftRow:
+        if not any(m.role == "assistant" and m.weight != 0 for m in self.messages):
+            raise ValueError("no assistant message to train on")
+        if self.messages[0].role == "assistant":
+            raise ValueError("the conversation starts with the assistant")
+        called: set[str] = set()
+        for m in self.messages:
+            for call in m.tool_calls or []:
+                called.add(call.id)
+            if m.role == "tool" and m.tool_call_id not in called:
+                raise ValueError(f"tool message answers unknown tool_call_id {m.tool_call_id!r}")
+        return self
+
+
+class AssistantOutput(_Strict):
+    role: Literal["assistant"]
+    content: str = Field(min_length=1)
+
+
+class DpoInput(_Strict):
+    messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class DpoRow(_Strict):
+    """A row of OpenAI's preference (DPO) fine-tuning format."""
+
+    input: DpoInput
+    preferred_output: list[AssistantOutput] = Field(min_length=1, max_length=1)
+    non_preferred_output: list[AssistantOutput] = Field(min_length=1, max_length=1)
+
+    @model_validator(mode="after")
+    def _different(self) -> DpoRow:
+        if self.preferred_output[0].content == self.non_preferred_output[0].content:
+            raise ValueError("preferred and non-preferred outputs are the same")
+        if self.input.messages[-1].role == "assistant":
+            raise ValueError("the input ends with an assistant message")
+        return self
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A DPO row and where it came from (for the manifest's trace)."""
+
+    row: Row
+    trace: Row
+
+
+def canonical(row: Any) -> str:
+    """The row as one line of JSON, keys sorted: equal rows give equal lines."""
+    return json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def trajectory_row(trajectory: Trajectory, rewarded: RewardedTrajectory) -> Row:
+    """A line of ``trajectories.jsonl``."""
+    return {
+        "trajectory": trajectory.model_dump(mode="json"),
+        "reward": rewarded.model_dump(mode="json"),
+    }
+
+
+def _message(m: ChatMessage) -> Row:
+    out: Row = {"role": m.role, "content": m.content}
+    if m.name:
+        out["name"] = m.name
+    return out
+
+
+def _assistant_text(step: Completion) -> str:
+    texts = [m.content for m in step.output_messages if m.role == "assistant" and m.content]
+    if not texts:
+        texts = [m.content for m in step.output_messages if m.content]
+    return "\n".join(texts)
+
+
+def _tool_call(step: Completion, n: int, recorded: str) -> Row:
+    name, arguments = recorded, "{}"
+    with contextlib.suppress(ValueError):
+        data = json.loads(recorded)
+        if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
+            name = data["name"]
+            args = data.get("arguments", {})
+            arguments = args if isinstance(args, str) else json.dumps(args, sort_keys=True)
+    return {"id": f"call_{step.seq}_{n}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def sft_messages(trajectory: Trajectory) -> list[Row]:
+    """The conversation of a trajectory in OpenAI's chat format.
+
+    The call's input messages (earlier assistant turns with ``weight: 0``: context, not output
+    to learn; input tool messages are left out, having no tool call ids), then per step in
+    ``seq`` order: an LLM step's assistant output (with the tool calls it asked for), a tool
+    step's ``tool`` message (answering the oldest open tool call of that name, else one added
+    to the assistant turn before it), and finally the call's output as the last assistant
+    message unless the last step already said it.
+    """
+    messages: list[Row] = []
+    for m in trajectory.input_messages:
+        if m.role in ("system", "developer", "user"):
+            messages.append(_message(m))
+        elif m.role == "assistant" and m.content:
+            # earlier turns of the conversation: context, not this call's output to learn
+            messages.append({**_message(m), "weight": 0})
+    open_calls: list[tuple[str, str]] = []  # (tool name, id) asked for and not yet answered
+    for step in trajectory.steps:
+        if step.kind is StepKind.LLM:
+            text = _assistant_text(step)
+            calls = [_tool_call(step, n, name) for n, name in enumerate(step.tool_calls) if name]
+            if not text and not calls:
+                continue
+            msg: Row = {"role": "assistant", "content": text or None}
+            if calls:
+                msg["tool_calls"] = calls
+                open_calls.extend((c["function"]["name"], c["id"]) for c in calls)
+            messages.append(msg)
+            continue
+        name = step.tool_name or "tool"
+        call_id = next((cid for n, cid in open_calls if n == name), None)
+        if call_id is None and open_calls and not step.tool_name:
+            call_id = open_calls[0][1]
+        if call_id is None:  # a tool step no recorded LLM step asked for
+            call_id = f"call_{step.seq}_0"
+            call: Row = {"id": call_id, "type": "function",
+                         "function": {"name": name, "arguments": "{}"}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "weight" not in last:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            open_calls = [(n, cid) for n, cid in open_calls if cid != call_id]
+        content = "\n".join(m.content for m in step.output_messages if m.content)
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+    final = trajectory.output
+    last = messages[-1] if messages else None
+    if final and not (
+        last is not None and last["role"] == "assistant" and last.get("content") == final
+        and not last.get("tool_calls")
+    ):
+        messages.append({"role": "assistant", "content": final})
+    return messages
+
+
+def sft_row(trajectory: Trajectory) -> Row | None:
+    """The SFT row of a trajectory, or None when it has nothing valid to train on."""
+    row = {"messages": sft_messages(trajectory)}
+    try:
+        SftRow.model_validate(row)
+    except ValueError:
+        return None
+    return row
+
+
+def _prompt_before(trajectory: Trajectory, step: Completion) -> list[Row]:
+    """What the model saw when it produced ``step``: the step's own input messages when it
+    recorded them, else the conversation up to that step."""
+    if step.input_messages:
+        return [_message(m) for m in step.input_messages]
+    earlier = trajectory.model_copy(
+        update={"steps": [s for s in trajectory.steps if s.seq < step.seq], "output": None}
+    )
+    return [{k: v for k, v in m.items() if k != "weight"} for m in sft_messages(earlier)]
+
+
+def _pair_row(prompt: list[Row], chosen: str, rejected: str) -> Row | None:
+    row = {
+        "input": {"messages": prompt},
+        "preferred_output": [{"role": "assistant", "content": chosen}],
+        "non_preferred_output": [{"role": "assistant", "content": rejected}],
+    }
+    try:
+        DpoRow.model_validate(row)
+    except ValueError:
+        return None
+    return row
+
+
+def preference_pairs(trajectory: Trajectory, feedback: Iterable[UserFeedback]) -> list[Pair]:
+    """DPO rows from PREFERENCE feedback on a call's responses.
+
+    The preferred response (``preferred_response_id``) is paired with the feedback's
+    ``response_id`` when that names another response of the call; otherwise with every other
+    response of the call that answered the same recorded input messages. The prompt is that of
+    the earlier of the two responses.
+    """
+    llm = {s.response_id: s for s in trajectory.steps if s.kind is StepKind.LLM and s.response_id}
+    pairs: list[Pair] = []
+    for fb in feedback:
+        if fb.kind is not FeedbackKind.PREFERENCE or fb.preferred_response_id not in llm:
+            continue
+        good = llm[fb.preferred_response_id]
+        if fb.response_id and fb.response_id != good.response_id and fb.response_id in llm:
+            others = [llm[fb.response_id]]
+        elif good.input_messages:
+            others = [s for rid, s in llm.items()
+                      if rid != good.response_id and s.input_messages == good.input_messages]
+        else:
+            others = []
+        for bad in others:
+            first = good if good.seq <= bad.seq else bad
+            row = _pair_row(_prompt_before(trajectory, first), _assistant_text(good),
+                            _assistant_text(bad))
+            if row is not None:
+                pairs.append(Pair(row, {
+                    "source": "preference", "call_id": trajectory.call_id,
+                    "feedback_event_id": fb.event_id, "preferred_response_id": good.response_id,
+                    "rejected_response_id": bad.response_id,
+                }))
+    return pairs
+
+
+def _final_text(trajectory: Trajectory) -> str:
+    if trajectory.output:
+        return trajectory.output
+    for step in reversed(trajectory.steps):
+        if step.kind is StepKind.LLM and (text := _assistant_text(step)):
+            return text
+    return ""
+
+
+def ranking_pairs(
+    scored: Iterable[tuple[Trajectory, RewardedTrajectory]], margin: float
+) -> list[Pair]:
+    """DPO rows from trajectories that share a prompt (equal input messages): the output of the
+    highest-rewarded one preferred to that of the lowest, when their rewards differ by at least
+    ``margin`` (ties broken by call id, so the result does not depend on input order)."""
+    groups: dict[str, list[tuple[Trajectory, RewardedTrajectory]]] = {}
+    for trajectory, rewarded in scored:
+        prompt = [_message(m) for m in trajectory.input_messages]
+        if prompt and _final_text(trajectory):
+            groups.setdefault(canonical(prompt), []).append((trajectory, rewarded))
+    pairs: list[Pair] = []
+    for key in sorted(groups):
+        group = groups[key]
+        if len(group) < 2:
+            continue
+        ranked = sorted(group, key=lambda tr: (-tr[1].reward, tr[0].call_id))
+        (best, best_r), (worst, worst_r) = ranked[0], ranked[-1]
+        if best_r.reward - worst_r.reward < max(margin, 1e-12):
+            continue
+        row = _pair_row(json.loads(key), _final_text(best), _final_text(worst))
+        if row is not None:
+            pairs.append(Pair(row, {
+                "source": "ranking", "chosen_call_id": best.call_id,
+                "rejected_call_id": worst.call_id, "chosen_reward": best_r.reward,
+                "rejected_reward": worst_r.reward, "group_size": len(group),
+            }))
+    return pairs
+
+
+def dedupe(rows: Sequence[Row], traces: Sequence[Row]) -> tuple[list[Row], list[Row], int]:
+    """Drop exact duplicate rows (the first is kept, with its trace); returns the rows, their
+    traces and how many were removed."""
+    seen: set[str] = set()
+    kept: list[Row] = []
+    kept_traces: list[Row] = []
+    for row, trace in zip(rows, traces, strict=True):
+        line = canonical(row)
+        if line in seen:
+            continue
+        seen.add(line)
+        kept.append(row)
+        kept_traces.append(trace)
+    return kept, kept_traces, len(rows) - len(kept)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def check_writable(out: Path) -> Path:
+    """Create ``out`` if needed and prove a file can be written there; else :class:`ConfigError`
+    naming the path. Called before any work, so a bad path costs nothing."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".trajstream-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot write the export to {out}: {exc.strerror or exc}") from None
+    return out
+
+
+@dataclass
+class ExportFile:
+    """One file of an export: its rows, a trace per row and what dedupe removed."""
+
+    name: str
+    format: str
+    rows: list[Row]
+    traces: list[Row]
+    duplicates_removed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def write_export(
+    out: Path, files: Sequence[ExportFile], manifest: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Write every file and ``manifest.json`` into ``out``, all or nothing.
+
+    Each file is written to a temporary name beside its target; only when all are complete are
+    they renamed into place (``os.replace``), the manifest last. Returns the manifest written,
+    with each file's rows, duplicates removed, sha256 and trace.
+    """
+    temps: list[tuple[Path, Path]] = []
+    full = dict(manifest)
+    listing: dict[str, Any] = {}
+    try:
+        for f in files:
+            tmp, digest = _write_temp(out, f.name, (canonical(r) + "\n" for r in f.rows))
+            temps.append((tmp, out / f.name))
+            listing[f.name] = {
+                "format": f.format, "rows": len(f.rows),
+                "duplicates_removed": f.duplicates_removed, "sha256": digest, **f.extra,
+                "trace": f.traces,
+            }
+        full["files"] = listing
+        text = json.dumps(full, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+        tmp, _ = _write_temp(out, "manifest.json", [text])
+        temps.append((tmp, out / "manifest.json"))
+        for tmp, target in temps:
+            os.replace(tmp, target)
+    except OSError as exc:
+        for tmp, _ in temps:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise ExportError(f"cannot write the export to {out}: {exc.strerror or exc}") from exc
+    return full
+
+
+def _write_temp(out: Path, name: str, lines: Iterable[str]) -> tuple[Path, str]:
+    fd, path = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+    digest = hashlib.sha256()
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a dataset is an ordinary file
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            for line in lines:
+                fh.write(line)
+                digest.update(line.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    return Path(path), digest.hexdigest()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
