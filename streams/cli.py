@@ -5,6 +5,7 @@
     trajstream worker                         run a stream worker (add more to scale out)
     trajstream produce FILE...                publish JSON-lines agent events
     trajstream simulate                       drive simulated agent traffic
+    trajstream audit                          why calls were or were not selected
     trajstream standin                        run the Trinity stand-in server
     trajstream demo                           the whole loop on local parts, with a summary
     trajstream replay                         re-score a range of history: dry run, Trinity, files
@@ -194,6 +195,47 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
+    from collections import Counter
+
+    from aiokafka import AIOKafkaConsumer
+
+    from .codec import SchemaRegistry
+    from .models import SelectionDecision
+    from .topics import Topics
+
+    bootstrap = resolve_bootstrap(settings)
+    topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).decisions
+    codec = SchemaRegistry.default()
+
+    async def read() -> Counter[tuple[str, str, str, str]]:
+        counts: Counter[tuple[str, str, str, str]] = Counter()
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            if topic not in await consumer.topics():
+                raise ConfigError(f"topic {topic} does not exist (kafka.topic_prefix?)")
+            consumer.subscribe([topic])
+            while batch := await consumer.getmany(timeout_ms=2000):
+                for msgs in batch.values():
+                    for m in msgs:
+                        d = codec.decode_as(m.value, SelectionDecision)
+                        counts[(d.agent_name or "-", d.selection.strategy,
+                                "selected" if d.selection.selected else "rejected",
+                                d.selection.reason)] += 1
+        finally:
+            await consumer.stop()
+        return counts
+
+    counts = asyncio.run(read())
+    print(f"{'agent':<20} {'strategy':<32} {'decision':<9} {'reason':<24} {'calls':>7}")
+    for (agent, strategy, decision, reason), n in sorted(counts.items()):
+        print(f"{agent:<20} {strategy:<32} {decision:<9} {reason:<24} {n:>7}")
+    print(f"{sum(counts.values())} calls decided")
+    return 0
+
+
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
     from .standin import StandIn
 
@@ -288,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--marked", type=float, default=0.15, help="fraction of explicitly marked calls")
     p.add_argument("--seed", type=int, default=None)
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("audit", help="count the selection decisions by agent, strategy and reason")
+    p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("standin", help="run the Trinity stand-in server")
     p.add_argument("--host", default="127.0.0.1")

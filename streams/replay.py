@@ -287,8 +287,8 @@ class ReplayCore:
         partition = record.partition
         state = self._pending.get(call_id)
         fresh = state is None
-        if state is None:
-            state = new_pending(call_id, record.timestamp)
+        if state is None:  # first seen "now": the partition's clock, as the live stage does
+            state = new_pending(call_id, self._clock[partition])
             state.partition = partition
         applied = add_event(state, event, len(record.value))
         if applied is Applied.DUPLICATE:

@@ -7,7 +7,10 @@ exactly that call's msg_ids and the expected reward, followed by a commit that c
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -101,6 +104,26 @@ async def test_selected_calls_become_feedback_then_a_commit(kafka_bootstrap, pre
         kafka_bootstrap, f"{prefix}.trajectories", until=lambda rs: len(rs) >= len(expected)
     )
     assert {t.call_id for t in trajectories if isinstance(t, Trajectory)} == set(expected)
+
+    # one recorded decision per call, selected or not, with its reason
+    decisions = await read_topic(
+        kafka_bootstrap, f"{prefix}.decisions", until=lambda rs: len(rs) >= len(sims)
+    )
+    assert sorted(d.call_id for d in decisions) == sorted(s.call_id for s in sims)
+    chosen = {d.call_id for d in decisions if d.selection.selected}
+    assert chosen == set(expected)
+    reasons = {d.selection.reason for d in decisions}
+    assert {"marked", "sampled"} <= reasons
+    assert all(r in {"marked", "sampled", "unmarked,not-sampled"} for r in reasons), reasons
+
+    audit = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "audit"],
+        env={**os.environ, "TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+             "TRAJSTREAM_KAFKA__TOPIC_PREFIX": prefix},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert audit.returncode == 0, audit.stderr
+    assert f"{len(sims)} calls decided" in audit.stdout
 
 
 async def test_bad_records_go_to_dead_letters_and_the_worker_keeps_going(

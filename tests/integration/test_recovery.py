@@ -442,11 +442,12 @@ def halves_in_table(calls: list[Call], k: dict[str, int]) -> Callable[[dict], bo
 
 
 @pytest.mark.timeout(240)
-async def test_open_calls_survive_a_graceful_restart(kafka_bootstrap, prefix, standin, workers, tmp_path):
+@pytest.mark.parametrize("rep", range(10))
+async def test_open_calls_survive_a_graceful_restart(kafka_bootstrap, prefix, standin, workers, tmp_path, rep):
     rng = random.Random(7)
     calls = await make_calls(standin, 30, rng)
     k = split(calls, rng)
-    worker = workers(**settings(standin))
+    worker = workers(**settings(standin), DEVLOG="1")
     async with TrajstreamProducer(kafka_bootstrap, topic_prefix=prefix) as producer:
         await producer.publish_many(interleave([head(c, k[c.call_id]) for c in calls], rng))
         # the open calls are in the table (its changelog), not merely unread on the topic
