@@ -8,6 +8,7 @@ It starts its own local Kafka broker (or uses KAFKA_BOOTSTRAP_SERVERS / --bootst
 Trinity stand-in process, and reports, as a table and as JSON (bench/results/latest.json):
 
 1. ceiling    bare aiokafka consume -> produce of the same records, events/s
+   faust      (context) a Faust agent that consumes the same records and does nothing
 2. pipeline   one worker process: select, assemble, reward, feedback over loopback HTTP,
               windows, commits; events/s (every call selected: the full path for every event)
 3. latency    call end produced -> feedback acknowledged at the stand-in, p50/p99, at half of
@@ -72,8 +73,23 @@ EVENTS_PER_CALL = 5
 
 
 def _text(rng: random.Random, size: int) -> str:
-    words = ["the", "order", "shipped", "refund", "policy", "customer", "tracking", "number",
-             "warehouse", "delivery", "weekend", "invoice", "account", "please", "thanks"]
+    words = [
+        "the",
+        "order",
+        "shipped",
+        "refund",
+        "policy",
+        "customer",
+        "tracking",
+        "number",
+        "warehouse",
+        "delivery",
+        "weekend",
+        "invoice",
+        "account",
+        "please",
+        "thanks",
+    ]
     out: list[str] = []
     n = 0
     while n < size:
@@ -83,37 +99,93 @@ def _text(rng: random.Random, size: int) -> str:
     return " ".join(out)[:size]
 
 
-def call_events(rng: random.Random, *, complete: bool = True, call_id: str | None = None) -> list[tuple[bytes, bytes]]:
+def call_events(
+    rng: random.Random, *, complete: bool = True, call_id: str | None = None
+) -> list[tuple[bytes, bytes]]:
     """One call's events as (key, value) pairs: start, LLM, tool, LLM, end; 1-4 KB each."""
     cid = call_id or uuid.uuid4().hex
     now = utcnow()
     agent = rng.choice(["support-bot", "research-agent", "code-helper"])
     model = "qwen2.5-7b-instruct"
-    start = AgentCall(event_id=uuid.uuid4().hex, call_id=cid, phase=CallPhase.START, event_time=now,
-                      agent_name=agent, input_messages=[ChatMessage(role="user", content=_text(rng, rng.randint(900, 2000)))])
+    start = AgentCall(
+        event_id=uuid.uuid4().hex,
+        call_id=cid,
+        phase=CallPhase.START,
+        event_time=now,
+        agent_name=agent,
+        input_messages=[ChatMessage(role="user", content=_text(rng, rng.randint(900, 2000)))],
+    )
     steps = [
-        Completion(event_id=uuid.uuid4().hex, call_id=cid, seq=0, event_time=now, request_model=model,
-                   response_model=model, response_id=f"chatcmpl-{uuid.uuid4().hex}", input_tokens=400, output_tokens=120,
-                   output_messages=[ChatMessage(role="assistant", content=_text(rng, rng.randint(900, 3500)))],
-                   tool_calls=["lookup_order"]),
-        Completion(event_id=uuid.uuid4().hex, call_id=cid, seq=1, event_time=now, kind=StepKind.TOOL,
-                   operation_name="execute_tool", tool_name="lookup_order",
-                   output_messages=[ChatMessage(role="tool", content=_text(rng, rng.randint(900, 3000)), name="lookup_order")]),
-        Completion(event_id=uuid.uuid4().hex, call_id=cid, seq=2, event_time=now, request_model=model,
-                   response_model=model, response_id=f"chatcmpl-{uuid.uuid4().hex}", input_tokens=900, output_tokens=200,
-                   output_messages=[ChatMessage(role="assistant", content=_text(rng, rng.randint(900, 3500)))]),
+        Completion(
+            event_id=uuid.uuid4().hex,
+            call_id=cid,
+            seq=0,
+            event_time=now,
+            request_model=model,
+            response_model=model,
+            response_id=f"chatcmpl-{uuid.uuid4().hex}",
+            input_tokens=400,
+            output_tokens=120,
+            output_messages=[
+                ChatMessage(role="assistant", content=_text(rng, rng.randint(900, 3500)))
+            ],
+            tool_calls=["lookup_order"],
+        ),
+        Completion(
+            event_id=uuid.uuid4().hex,
+            call_id=cid,
+            seq=1,
+            event_time=now,
+            kind=StepKind.TOOL,
+            operation_name="execute_tool",
+            tool_name="lookup_order",
+            output_messages=[
+                ChatMessage(
+                    role="tool", content=_text(rng, rng.randint(900, 3000)), name="lookup_order"
+                )
+            ],
+        ),
+        Completion(
+            event_id=uuid.uuid4().hex,
+            call_id=cid,
+            seq=2,
+            event_time=now,
+            request_model=model,
+            response_model=model,
+            response_id=f"chatcmpl-{uuid.uuid4().hex}",
+            input_tokens=900,
+            output_tokens=200,
+            output_messages=[
+                ChatMessage(role="assistant", content=_text(rng, rng.randint(900, 3500)))
+            ],
+        ),
     ]
     events: list[Any] = [start, *steps]
     if complete:
-        events.append(AgentCall(event_id=uuid.uuid4().hex, call_id=cid, phase=CallPhase.END, event_time=now,
-                                agent_name=agent, status=CallStatus.OK, output=_text(rng, 1000), step_count=3))
+        events.append(
+            AgentCall(
+                event_id=uuid.uuid4().hex,
+                call_id=cid,
+                phase=CallPhase.END,
+                event_time=now,
+                agent_name=agent,
+                status=CallStatus.OK,
+                output=_text(rng, 1000),
+                step_count=3,
+            )
+        )
     key = cid.encode()
     return [(key, CODEC.encode(e)) for e in events]
 
 
 async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20,
-                                max_batch_size=512 * 1024, max_request_size=4 * 1024 * 1024)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=20,
+        max_batch_size=512 * 1024,
+        max_request_size=4 * 1024 * 1024,
+    )
     await producer.start()
     try:
         futures = []
@@ -143,7 +215,10 @@ class Standin:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams.cli", "standin", "--port", str(self.port)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -178,7 +253,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def worker(bootstrap: str, prefix: str, standin: Standin, tmp: Path, n: int = 1, **extra: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+def worker(
+    bootstrap: str, prefix: str, standin: Standin, tmp: Path, n: int = 1, **extra: str
+) -> Iterator[list[subprocess.Popen[bytes]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
     env.update(
         TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
@@ -197,15 +274,25 @@ def worker(bootstrap: str, prefix: str, standin: Standin, tmp: Path, n: int = 1,
     try:
         for i in range(n):
             log = (tmp / f"{prefix}-worker{i}.log").open("wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", "streams.cli", "worker"], env=env, cwd=ROOT,
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "streams.cli", "worker"],
+                    env=env,
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         yield procs
     finally:
         for p in procs:
             _kill(p)
 
 
-def wait_fed_back(standin: Standin, calls: int, timeout: float, procs: list[subprocess.Popen[bytes]]) -> tuple[float, float, int]:
+def wait_fed_back(
+    standin: Standin, calls: int, timeout: float, procs: list[subprocess.Popen[bytes]]
+) -> tuple[float, float, int]:
     """Poll until ``calls`` feedbacks arrived; returns (first seen, last seen, count at first)."""
     first: float | None = None
     first_count = 0
@@ -220,7 +307,9 @@ def wait_fed_back(standin: Standin, calls: int, timeout: float, procs: list[subp
         if any(p.poll() is not None for p in procs):
             raise RuntimeError("a worker exited; see its log")
         time.sleep(0.1)
-    raise TimeoutError(f"only {standin.counts()['feedback_ok']} of {calls} feedbacks after {timeout:g}s")
+    raise TimeoutError(
+        f"only {standin.counts()['feedback_ok']} of {calls} feedbacks after {timeout:g}s"
+    )
 
 
 # -- scenarios -------------------------------------------------------------------------------
@@ -232,11 +321,22 @@ async def ceiling(bootstrap: str, calls: int, rng: random.Random) -> dict[str, A
     await create_topics(bootstrap, {src: PARTITIONS, dst: PARTITIONS})
     records = [r for _ in range(calls) for r in call_events(rng)]
     await produce(bootstrap, src, records)
-    consumer = AIOKafkaConsumer(src, bootstrap_servers=bootstrap, group_id=f"g-{src}",
-                                auto_offset_reset="earliest", enable_auto_commit=False,
-                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                                max_batch_size=512 * 1024, max_request_size=4 * 1024 * 1024)
+    consumer = AIOKafkaConsumer(
+        src,
+        bootstrap_servers=bootstrap,
+        group_id=f"g-{src}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_bytes=32 * 1024 * 1024,
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=512 * 1024,
+        max_request_size=4 * 1024 * 1024,
+    )
     await consumer.start()
     await producer.start()
     seen = 0
@@ -249,7 +349,9 @@ async def ceiling(bootstrap: str, calls: int, rng: random.Random) -> dict[str, A
             futures = []
             for tp, msgs in batch.items():
                 for m in msgs:
-                    futures.append(await producer.send(dst, m.value, key=m.key, partition=tp.partition))
+                    futures.append(
+                        await producer.send(dst, m.value, key=m.key, partition=tp.partition)
+                    )
                 seen += len(msgs)
             await asyncio.gather(*futures)
             if batch:
@@ -261,22 +363,70 @@ async def ceiling(bootstrap: str, calls: int, rng: random.Random) -> dict[str, A
     return {"events": seen, "seconds": round(elapsed, 3), "events_per_s": round(seen / elapsed, 1)}
 
 
-async def pipeline(bootstrap: str, standin: Standin, tmp: Path, calls: int, rng: random.Random, workers: int = 1) -> dict[str, Any]:
+async def faust_bare(bootstrap: str, calls: int, rng: random.Random) -> dict[str, Any]:
+    """Faust's own consume loop with an agent that does nothing: the floor under the pipeline."""
+    src = f"bench-{uuid.uuid4().hex[:6]}-bare"
+    await create_topics(bootstrap, {src: PARTITIONS})
+    records = [r for _ in range(calls) for r in call_events(rng)]
+    await produce(bootstrap, src, records)
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "faust_bare.py"),
+            bootstrap,
+            src,
+            str(PARTITIONS),
+            str(len(records)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    # Faust sends what a worker prints to its log (stderr)
+    line = next((x for x in (out.stdout + out.stderr).splitlines() if "RESULT " in x), None)
+    if line is None:
+        raise RuntimeError(f"faust_bare failed: {out.stderr[-2000:]}")
+    _, n, seconds, rate = line[line.index("RESULT ") :].split()
+    return {"events": int(n), "seconds": float(seconds), "events_per_s": float(rate)}
+
+
+async def pipeline(
+    bootstrap: str, standin: Standin, tmp: Path, calls: int, rng: random.Random, workers: int = 1
+) -> dict[str, Any]:
     prefix = f"bp{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix, PARTITIONS)
     await create_topics(bootstrap, topics.all())
     standin.reset()
-    await produce(bootstrap, topics.agent_events, [r for _ in range(calls) for r in call_events(rng)])
+    await produce(
+        bootstrap, topics.agent_events, [r for _ in range(calls) for r in call_events(rng)]
+    )
     with worker(bootstrap, prefix, standin, tmp, n=workers) as procs:
-        first, last, first_count = await asyncio.to_thread(wait_fed_back, standin, calls, 1800, procs)
+        first, last, first_count = await asyncio.to_thread(
+            wait_fed_back, standin, calls, 1800, procs
+        )
         rss = [rss_kib(p.pid) for p in procs]
     counted = (calls - first_count) * EVENTS_PER_CALL
     seconds = last - first
-    return {"workers": workers, "calls": calls, "events": calls * EVENTS_PER_CALL, "seconds": round(seconds, 3),
-            "events_per_s": round(counted / seconds, 1) if seconds > 0 else None, "rss_kib": rss}
+    return {
+        "workers": workers,
+        "calls": calls,
+        "events": calls * EVENTS_PER_CALL,
+        "seconds": round(seconds, 3),
+        "events_per_s": round(counted / seconds, 1) if seconds > 0 else None,
+        "rss_kib": rss,
+    }
 
 
-async def latency(bootstrap: str, standin: Standin, tmp: Path, rate_events: float, seconds: float, rng: random.Random) -> dict[str, Any]:
+async def latency(
+    bootstrap: str,
+    standin: Standin,
+    tmp: Path,
+    rate_events: float,
+    seconds: float,
+    rng: random.Random,
+) -> dict[str, Any]:
     """Produce calls at a steady rate; latency from the END's ack to the feedback's arrival."""
     prefix = f"bl{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix, PARTITIONS)
@@ -288,8 +438,9 @@ async def latency(bootstrap: str, standin: Standin, tmp: Path, rate_events: floa
         # warm-up: the worker has joined its group when a first call comes back
         await produce(bootstrap, topics.agent_events, call_events(rng))
         await asyncio.to_thread(wait_fed_back, standin, 1, 120, procs)
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0,
-                                    max_request_size=4 * 1024 * 1024)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=0, max_request_size=4 * 1024 * 1024
+        )
         await producer.start()
         try:
             t0 = time.monotonic()
@@ -308,14 +459,23 @@ async def latency(bootstrap: str, standin: Standin, tmp: Path, rate_events: floa
             await producer.stop()
         await asyncio.to_thread(wait_fed_back, standin, len(ends) + 1, 300, procs)
     state = standin.state()
-    arrived = {f["body"]["msg_ids"][0]: f["at"] for f in state["feedback"] if f.get("status") == 200}
+    arrived = {
+        f["body"]["msg_ids"][0]: f["at"] for f in state["feedback"] if f.get("status") == 200
+    }
     lat = sorted((arrived[m] - t) * 1000 for m, t in ends.items() if m in arrived)
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else [lat[0]] * 99
-    return {"calls": len(ends), "events_per_s_offered": round(len(ends) * EVENTS_PER_CALL / seconds, 1),
-            "p50_ms": round(q[49], 1), "p99_ms": round(q[98], 1), "max_ms": round(lat[-1], 1)}
+    return {
+        "calls": len(ends),
+        "events_per_s_offered": round(len(ends) * EVENTS_PER_CALL / seconds, 1),
+        "p50_ms": round(q[49], 1),
+        "p99_ms": round(q[98], 1),
+        "max_ms": round(lat[-1], 1),
+    }
 
 
-async def open_state(bootstrap: str, standin: Standin, tmp: Path, open_calls: int, calls: int, rng: random.Random) -> dict[str, Any]:
+async def open_state(
+    bootstrap: str, standin: Standin, tmp: Path, open_calls: int, calls: int, rng: random.Random
+) -> dict[str, Any]:
     """Memory and per-event cost with ``open_calls`` trajectories open in the worker."""
     prefix = f"bo{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix, PARTITIONS)
@@ -334,17 +494,24 @@ async def open_state(bootstrap: str, standin: Standin, tmp: Path, open_calls: in
         await asyncio.sleep(2)
         after = rss_kib(pid)
         standin.reset()
-        await produce(bootstrap, topics.agent_events, [r for _ in range(calls) for r in call_events(rng)])
-        first, last, first_count = await asyncio.to_thread(wait_fed_back, standin, calls, 1800, procs)
+        await produce(
+            bootstrap, topics.agent_events, [r for _ in range(calls) for r in call_events(rng)]
+        )
+        first, last, first_count = await asyncio.to_thread(
+            wait_fed_back, standin, calls, 1800, procs
+        )
     per_open = (after - before) * 1024 / max(1, open_calls)
     seconds = last - first
     return {
         "open_trajectories": open_calls,
-        "rss_before_kib": before, "rss_after_kib": after,
+        "rss_before_kib": before,
+        "rss_after_kib": after,
         "payload_bytes_per_open": round(payload / open_calls),
         "rss_bytes_per_open": round(per_open),
         "rss_overhead_bytes_per_open": round(per_open - payload / open_calls),
-        "events_per_s": round((calls - first_count) * EVENTS_PER_CALL / seconds, 1) if seconds > 0 else None,
+        "events_per_s": round((calls - first_count) * EVENTS_PER_CALL / seconds, 1)
+        if seconds > 0
+        else None,
     }
 
 
@@ -370,7 +537,14 @@ async def _wait_changelog(bootstrap: str, topic: str, at_least: int, timeout: fl
         await consumer.stop()
 
 
-async def soak(bootstrap: str, standin: Standin, tmp: Path, rate_events: float, seconds: float, rng: random.Random) -> dict[str, Any]:
+async def soak(
+    bootstrap: str,
+    standin: Standin,
+    tmp: Path,
+    rate_events: float,
+    seconds: float,
+    rng: random.Random,
+) -> dict[str, Any]:
     """RSS of one worker over a long run at a steady rate: flat, not growing."""
     prefix = f"bs{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix, PARTITIONS)
@@ -378,10 +552,13 @@ async def soak(bootstrap: str, standin: Standin, tmp: Path, rate_events: float, 
     standin.reset()
     calls_per_s = max(0.5, rate_events / EVENTS_PER_CALL)
     samples: list[tuple[float, int]] = []
-    with worker(bootstrap, prefix, standin, tmp, TRAJSTREAM_ASSEMBLY__LATE_RETENTION_S="60") as procs:
+    with worker(
+        bootstrap, prefix, standin, tmp, TRAJSTREAM_ASSEMBLY__LATE_RETENTION_S="60"
+    ) as procs:
         pid = procs[0].pid
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                                    max_request_size=4 * 1024 * 1024)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=4 * 1024 * 1024
+        )
         await producer.start()
         try:
             t0 = time.monotonic()
@@ -401,8 +578,15 @@ async def soak(bootstrap: str, standin: Standin, tmp: Path, rate_events: float, 
     steady = [s for s in samples if s[0] >= seconds / 5]
     first, last = steady[0][1], steady[-1][1]
     peak = max(s[1] for s in steady)
-    return {"seconds": seconds, "calls": n, "rss_first_kib": first, "rss_last_kib": last, "rss_peak_kib": peak,
-            "drift_pct": round(100 * (last - first) / first, 2), "samples": samples}
+    return {
+        "seconds": seconds,
+        "calls": n,
+        "rss_first_kib": first,
+        "rss_last_kib": last,
+        "rss_peak_kib": peak,
+        "drift_pct": round(100 * (last - first) / first, 2),
+        "samples": samples,
+    }
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -410,7 +594,11 @@ async def soak(bootstrap: str, standin: Standin, tmp: Path, rate_events: float, 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(1)
-    only = set(args.only.split(",")) if args.only else {"ceiling", "pipeline", "latency", "memory", "scaling", "state", "soak"}
+    only = (
+        set(args.only.split(","))
+        if args.only
+        else {"ceiling", "faust", "pipeline", "latency", "memory", "scaling", "state", "soak"}
+    )
     if args.quick:
         only.discard("soak")
     results: dict[str, Any] = {
@@ -422,7 +610,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     broker: LocalBroker | None = None
     bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        broker = LocalBroker(Path(os.environ.get("TRAJSTREAM_CACHE_DIR", ROOT / ".cache" / "trajstream")), heap="1g")
+        broker = LocalBroker(
+            Path(os.environ.get("TRAJSTREAM_CACHE_DIR", ROOT / ".cache" / "trajstream")), heap="1g"
+        )
         bootstrap = broker.start(120)
     standin = Standin()
     try:
@@ -430,6 +620,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             with console.status("ceiling: bare aiokafka consume -> produce"):
                 results["ceiling"] = await ceiling(bootstrap, args.calls, rng)
             console.print("ceiling", results["ceiling"])
+        if "faust" in only:
+            with console.status("faust: a bare Faust agent consuming the same records"):
+                results["faust_bare"] = await faust_bare(bootstrap, args.calls, rng)
+            console.print("faust_bare", results["faust_bare"])
         if "pipeline" in only:
             with console.status("pipeline: one worker"):
                 results["pipeline"] = await pipeline(bootstrap, standin, tmp, args.calls, rng)
@@ -437,15 +631,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if "latency" in only:
             rate = (results.get("pipeline", {}).get("events_per_s") or 500) / 2
             with console.status(f"latency at {rate:.0f} events/s"):
-                results["latency"] = await latency(bootstrap, standin, tmp, rate, args.latency_seconds, rng)
+                results["latency"] = await latency(
+                    bootstrap, standin, tmp, rate, args.latency_seconds, rng
+                )
             console.print("latency", results["latency"])
         if "memory" in only:
             with console.status(f"memory: {args.open_calls} open trajectories"):
-                results["memory"] = await open_state(bootstrap, standin, tmp, args.open_calls, max(200, args.calls // 10), rng)
+                results["memory"] = await open_state(
+                    bootstrap, standin, tmp, args.open_calls, max(200, args.calls // 10), rng
+                )
             console.print("memory", results["memory"])
         if "scaling" in only:
             with console.status("scaling: two workers"):
-                results["scaling"] = await pipeline(bootstrap, standin, tmp, args.calls, rng, workers=2)
+                results["scaling"] = await pipeline(
+                    bootstrap, standin, tmp, args.calls, rng, workers=2
+                )
             console.print("scaling", results["scaling"])
         if "state" in only:
             small, large = (100, 2000) if args.quick else (1000, 100_000)
@@ -471,30 +671,75 @@ def verdicts(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     c, p = r.get("ceiling", {}).get("events_per_s"), r.get("pipeline", {}).get("events_per_s")
     if c and p:
         rows.append(("pipeline / ceiling", f"{p:,.0f} / {c:,.0f} ev/s", f"{p / c:.3f}", ">= 0.5"))
+    f = r.get("faust_bare", {}).get("events_per_s")
+    if c and f:
+        rows.append(
+            ("bare Faust agent / ceiling", f"{f:,.0f} / {c:,.0f} ev/s", f"{f / c:.3f}", "(context)")
+        )
+    if f and p:
+        rows.append(
+            (
+                "pipeline / bare Faust agent",
+                f"{p:,.0f} / {f:,.0f} ev/s",
+                f"{p / f:.3f}",
+                "(context)",
+            )
+        )
     if "latency" in r:
-        rows.append(("p99 latency at half load", f"p50 {r['latency']['p50_ms']} ms", f"{r['latency']['p99_ms']} ms", "<= 250 ms"))
+        rows.append(
+            (
+                "p99 latency at half load",
+                f"p50 {r['latency']['p50_ms']} ms",
+                f"{r['latency']['p99_ms']} ms",
+                "<= 250 ms",
+            )
+        )
     if "memory" in r:
         m = r["memory"]
-        rows.append(("RSS per open trajectory beyond payload", f"{m['rss_bytes_per_open']:,} B total",
-                     f"{m['rss_overhead_bytes_per_open'] / 1024:.2f} KiB", "<= 2 KiB"))
+        rows.append(
+            (
+                "RSS per open trajectory beyond payload",
+                f"{m['rss_bytes_per_open']:,} B total",
+                f"{m['rss_overhead_bytes_per_open'] / 1024:.2f} KiB",
+                "<= 2 KiB",
+            )
+        )
     if "soak" in r:
-        rows.append(("RSS drift over the soak", f"{r['soak']['rss_first_kib']:,} -> {r['soak']['rss_last_kib']:,} KiB",
-                     f"{r['soak']['drift_pct']} %", "< 5 %"))
+        rows.append(
+            (
+                "RSS drift over the soak",
+                f"{r['soak']['rss_first_kib']:,} -> {r['soak']['rss_last_kib']:,} KiB",
+                f"{r['soak']['drift_pct']} %",
+                "< 5 %",
+            )
+        )
     s, p1 = r.get("scaling", {}).get("events_per_s"), p
     if s and p1:
         rows.append(("two workers / one", f"{s:,.0f} / {p1:,.0f} ev/s", f"{s / p1:.2f}", ">= 1.5"))
     if "state" in r:
         a, b = r["state"]["small"]["events_per_s"], r["state"]["large"]["events_per_s"]
-        rows.append((f"per-event cost, {r['state']['large']['open_trajectories']:,} vs {r['state']['small']['open_trajectories']:,} open",
-                     f"{b:,.0f} vs {a:,.0f} ev/s", f"{(a / b if b else float('nan')):.2f}x cost", "~1.0x (flat)"))
+        rows.append(
+            (
+                f"per-event cost, {r['state']['large']['open_trajectories']:,} vs {r['state']['small']['open_trajectories']:,} open",
+                f"{b:,.0f} vs {a:,.0f} ev/s",
+                f"{(a / b if b else float('nan')):.2f}x cost",
+                "~1.0x (flat)",
+            )
+        )
     return rows
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, no soak: a smoke run")
-    parser.add_argument("--only", help="comma-separated: ceiling,pipeline,latency,memory,scaling,state,soak")
-    parser.add_argument("--calls", type=int, default=None, help="calls per throughput run (5 events each)")
+    parser.add_argument(
+        "--only", help="comma-separated: ceiling,faust,pipeline,latency,memory,scaling,state,soak"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=None, help="calls per throughput run (5 events each)"
+    )
     parser.add_argument("--open-calls", type=int, default=None)
     parser.add_argument("--latency-seconds", type=float, default=None)
     parser.add_argument("--soak-seconds", type=float, default=600)

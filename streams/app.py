@@ -215,16 +215,34 @@ class Pipeline:
         self.ledger.partition_for_key = lambda key: 0  # type: ignore[method-assign]
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
-        @app.agent(app.topic(t.agent_events, t.ticks, key_type=bytes, value_type=bytes,
-                             key_serializer="raw", value_serializer="raw"), name="assemble")
+        @app.agent(
+            app.topic(
+                t.agent_events,
+                t.ticks,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+            ),
+            name="assemble",
+        )
         async def assemble(stream: faust.StreamT) -> None:
             async for event in stream.events():
                 await self._guard("assemble", event, self._assemble)
 
         # 2. reward: trajectory (+ user feedback, within the grace period) -> rewarded
-        @app.agent(app.topic(t.trajectories, t.user_feedback, t.ticks, key_type=bytes,
-                             value_type=bytes, key_serializer="raw", value_serializer="raw"),
-                   name="reward")
+        @app.agent(
+            app.topic(
+                t.trajectories,
+                t.user_feedback,
+                t.ticks,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+            ),
+            name="reward",
+        )
         async def reward(stream: faust.StreamT) -> None:
             async for event in stream.events():
                 await self._guard("reward", event, self._reward)
@@ -294,8 +312,9 @@ class Pipeline:
             log.exception("%s: unexpected error on %s", stage, _where(event))
             await self._dead_letter(stage, exc, event)
 
-    async def _dead_letter(self, stage: str, exc: BaseException, event: Any,
-                           payload: bytes | None = None) -> None:
+    async def _dead_letter(
+        self, stage: str, exc: BaseException, event: Any, payload: bytes | None = None
+    ) -> None:
         msg = event.message
         self.stats[f"dead_letters.{stage}"] += 1
         record = DeadLetter(
@@ -377,8 +396,9 @@ class Pipeline:
             del self.pending[key]
         self._index(self._abandon, state.partition).discard(key)
         self.closed[key] = self.codec.encode(
-            ClosedCall(call_id=state.call_id, partition=state.partition, closed_at=now,
-                       reason=reason)
+            ClosedCall(
+                call_id=state.call_id, partition=state.partition, closed_at=now, reason=reason
+            )
         )
         self._index(self._forget, state.partition).set(key, now + self.late_retention)
         self.stats[f"calls.{'selected' if selection.selected else 'rejected'}"] += 1
@@ -534,11 +554,23 @@ class Pipeline:
             if event is None:
                 log.warning("reward failed for %s: %s", trajectory.call_id, exc)
                 self.stats["dead_letters.reward"] += 1
-                await self.t_dead.send(key=key, value=self.codec.encode(DeadLetter(
-                    reason=str(exc), error_type=type(exc).__name__, stage="reward",
-                    source_topic=self.topics.trajectories, source_partition=-1, source_offset=-1,
-                    key=key, payload=self.codec.encode(trajectory), failed_at=utcnow(),
-                    worker=self.worker_name)))
+                await self.t_dead.send(
+                    key=key,
+                    value=self.codec.encode(
+                        DeadLetter(
+                            reason=str(exc),
+                            error_type=type(exc).__name__,
+                            stage="reward",
+                            source_topic=self.topics.trajectories,
+                            source_partition=-1,
+                            source_offset=-1,
+                            key=key,
+                            payload=self.codec.encode(trajectory),
+                            failed_at=utcnow(),
+                            worker=self.worker_name,
+                        )
+                    ),
+                )
             else:
                 await self._dead_letter("reward", exc, event, payload=self.codec.encode(trajectory))
             return
@@ -609,8 +641,8 @@ class Pipeline:
                 except RecordError as exc:
                     bad.append((event, exc))
             await self._ledger_decisions(state, final=final)
-        for event, exc in bad:
-            await self._dead_letter("ledger", exc, event)
+        for event, error in bad:
+            await self._dead_letter("ledger", error, event)
 
     def _ledger_state(self) -> LedgerState:
         raw = self.ledger.get(LEDGER_KEY)
@@ -626,9 +658,14 @@ class Pipeline:
             key = f"{summary.agent_name}|{summary.model}|{summary.window_start.isoformat()}"
             await self.t_windows.send(key=key.encode(), value=self.codec.encode(summary))
         for alert in drift_alerts(state, summaries, now, self.ledger_cfg):
-            log.warning("reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
-                        alert.agent_name, alert.model, alert.mean, alert.fraction,
-                        alert.trailing_mean)
+            log.warning(
+                "reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
+                alert.agent_name,
+                alert.model,
+                alert.mean,
+                alert.fraction,
+                alert.trailing_mean,
+            )
             await self.t_alerts.send(
                 key=f"{alert.agent_name}|{alert.model}".encode(), value=self.codec.encode(alert)
             )
@@ -672,8 +709,12 @@ class Pipeline:
             log.warning("cannot resolve commit %d yet: %s", plan.seq, exc)
             return
         if plan.step_before is not None and step is not None and step > plan.step_before:
-            log.info("commit %d was applied before the restart (explore step %d -> %d)",
-                     plan.seq, plan.step_before, step)
+            log.info(
+                "commit %d was applied before the restart (explore step %d -> %d)",
+                plan.seq,
+                plan.step_before,
+                step,
+            )
             await self._commit_recorded(
                 state, plan, json.dumps({"recovered": True, "explore_step_num": step})
             )

@@ -65,7 +65,9 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "start":
         state = broker.start_detached(settings.cache_dir, port=args.port)
         if args.port is None and state.port != broker.DEFAULT_DETACHED_PORT:
-            print(f"port {broker.DEFAULT_DETACHED_PORT} is busy; using {state.port}", file=sys.stderr)
+            print(
+                f"port {broker.DEFAULT_DETACHED_PORT} is busy; using {state.port}", file=sys.stderr
+            )
         print(state.bootstrap)
         return 0
     if args.action == "stop":
@@ -73,11 +75,11 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
         print("stopped" if stopped else "no local broker was running")
         return 0
     if args.action == "status":
-        state = broker.status(settings.cache_dir)
-        if state is None:
+        running = broker.status(settings.cache_dir)
+        if running is None:
             print("not running")
             return 1
-        print(f"running: {state.bootstrap} (pid {state.pid}, Kafka {state.kafka_version})")
+        print(f"running: {running.bootstrap} (pid {running.pid}, Kafka {running.kafka_version})")
         return 0
     # run: in the foreground until interrupted
     with broker.LocalBroker(settings.cache_dir, port=args.port or 0) as b:
@@ -139,8 +141,11 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
         bad += len(parsed.errors)
         events.extend(parsed.events)
     if bad and not args.skip_invalid:
-        print(f"{bad} invalid line(s); nothing published (use --skip-invalid to publish the "
-              "valid ones)", file=sys.stderr)
+        print(
+            f"{bad} invalid line(s); nothing published (use --skip-invalid to publish the "
+            "valid ones)",
+            file=sys.stderr,
+        )
         return 1
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
@@ -173,14 +178,21 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     agents = list(AGENTS)
 
     async def drive() -> None:
-        async with TrajstreamProducer(
-            bootstrap, topic_prefix=settings.kafka.topic_prefix, partitions=settings.kafka.partitions
-        ) as producer, TrinityClient(settings.trinity.url) as trinity:
+        async with (
+            TrajstreamProducer(
+                bootstrap,
+                topic_prefix=settings.kafka.topic_prefix,
+                partitions=settings.kafka.partitions,
+            ) as producer,
+            TrinityClient(settings.trinity.url) as trinity,
+        ):
             with Progress() as progress:
                 task = progress.add_task("agent calls", total=args.calls)
                 for i in range(args.calls):
                     await simulate_call(
-                        producer, trinity, rng,
+                        producer,
+                        trinity,
+                        rng,
                         agent=agents[i % len(agents)],
                         mark=rng.random() < args.marked,
                         fail=rng.random() < 0.1,
@@ -210,8 +222,9 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
 
     async def read() -> Counter[tuple[str, str, str, str]]:
         counts: Counter[tuple[str, str, str, str]] = Counter()
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                    enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        )
         await consumer.start()
         try:
             if topic not in await consumer.topics():
@@ -221,9 +234,14 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
                 for msgs in batch.values():
                     for m in msgs:
                         d = codec.decode_as(m.value, SelectionDecision)
-                        counts[(d.agent_name or "-", d.selection.strategy,
+                        counts[
+                            (
+                                d.agent_name or "-",
+                                d.selection.strategy,
                                 "selected" if d.selection.selected else "rejected",
-                                d.selection.reason)] += 1
+                                d.selection.reason,
+                            )
+                        ] += 1
         finally:
             await consumer.stop()
         return counts
@@ -319,14 +337,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="publish JSON-lines files of agent events")
     p.add_argument("files", type=Path, nargs="+", metavar="FILE")
-    p.add_argument("--skip-invalid", action="store_true",
-                   help="publish the valid lines of a file that has invalid ones")
+    p.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="publish the valid lines of a file that has invalid ones",
+    )
     p.set_defaults(func=cmd_produce)
 
-    p = sub.add_parser("simulate", help="drive simulated agent traffic (LLM steps served by "
-                       "trinity.url's chat endpoint)")
+    p = sub.add_parser(
+        "simulate",
+        help="drive simulated agent traffic (LLM steps served by trinity.url's chat endpoint)",
+    )
     p.add_argument("--calls", type=int, default=100)
-    p.add_argument("--rate", type=float, default=0.0, help="calls per second (0: as fast as possible)")
+    p.add_argument(
+        "--rate", type=float, default=0.0, help="calls per second (0: as fast as possible)"
+    )
     p.add_argument("--marked", type=float, default=0.15, help="fraction of explicitly marked calls")
     p.add_argument("--seed", type=int, default=None)
     p.set_defaults(func=cmd_simulate)
@@ -356,47 +381,108 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("range")
-    g.add_argument("--since", metavar="TIME",
-                   help="start: ISO 8601 (2026-01-31T12:00Z; no zone means UTC) or an age (90m, "
-                   "2h, 7d); default: the beginning of the topics")
+    g.add_argument(
+        "--since",
+        metavar="TIME",
+        help="start: ISO 8601 (2026-01-31T12:00Z; no zone means UTC) or an age (90m, "
+        "2h, 7d); default: the beginning of the topics",
+    )
     g.add_argument("--until", metavar="TIME", help="end (exclusive); default: now")
-    g.add_argument("--offsets", action="append", default=[], metavar="TOPIC:PARTITION:START-END",
-                   help="explicit offsets instead of a time range (END exclusive, empty: the end "
-                   "of the partition), e.g. agent-events:0:100-200; repeatable")
-    g.add_argument("--lookback", type=float, default=None, metavar="SECONDS",
-                   help="also read this long before --since so that calls that started before "
-                   "it are complete (default: assembly.abandon_after_s)")
+    g.add_argument(
+        "--offsets",
+        action="append",
+        default=[],
+        metavar="TOPIC:PARTITION:START-END",
+        help="explicit offsets instead of a time range (END exclusive, empty: the end "
+        "of the partition), e.g. agent-events:0:100-200; repeatable",
+    )
+    g.add_argument(
+        "--lookback",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="also read this long before --since so that calls that started before "
+        "it are complete (default: assembly.abandon_after_s)",
+    )
     g = p.add_argument_group("scoring")
-    g.add_argument("--strategy", metavar="SPEC", help="selection strategy (default: "
-                   "selection.strategy), e.g. sampling:1, marked, any(marked,sampling:0.2)")
-    g.add_argument("--reward", metavar="FUNCTION", help="reward function (default: "
-                   "reward.function), e.g. streams.rewards:success or mypkg.rewards:fn")
-    g.add_argument("--compare-reward", metavar="FUNCTION",
-                   help="A/B: also score with this function and compare, side by side (a dry run)")
-    g.add_argument("--min-reward", type=float, default=0.5, metavar="X",
-                   help="threshold for SFT rows and for the A/B agreement (default 0.5)")
+    g.add_argument(
+        "--strategy",
+        metavar="SPEC",
+        help="selection strategy (default: "
+        "selection.strategy), e.g. sampling:1, marked, any(marked,sampling:0.2)",
+    )
+    g.add_argument(
+        "--reward",
+        metavar="FUNCTION",
+        help="reward function (default: "
+        "reward.function), e.g. streams.rewards:success or mypkg.rewards:fn",
+    )
+    g.add_argument(
+        "--compare-reward",
+        metavar="FUNCTION",
+        help="A/B: also score with this function and compare, side by side (a dry run)",
+    )
+    g.add_argument(
+        "--min-reward",
+        type=float,
+        default=0.5,
+        metavar="X",
+        help="threshold for SFT rows and for the A/B agreement (default 0.5)",
+    )
     g = p.add_argument_group("output")
-    g.add_argument("--dry-run", action="store_true",
-                   help="count and report only; send and write nothing (the default without --to)")
-    g.add_argument("--to", action="append", default=[], choices=["trinity", "files"],
-                   help="send feedback to Trinity (trinity.url) and/or write dataset files; "
-                   "repeatable")
-    g.add_argument("--out", type=Path, metavar="DIR", help="directory for --to files: "
-                   "trajectories.jsonl, sft.jsonl, dpo.jsonl, manifest.json")
-    g.add_argument("--dpo-margin", type=float, default=0.2, metavar="X",
-                   help="least reward difference for a DPO pair from reward ranking (default 0.2)")
-    g.add_argument("--commit-every", type=int, default=None, metavar="N",
-                   help="POST /commit after every N acknowledged feedbacks (and at the end)")
-    g.add_argument("--commit-interval", type=float, default=None, metavar="SECONDS",
-                   help="or when this long has passed since the last commit (default: "
-                   "commit.interval_s)")
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count and report only; send and write nothing (the default without --to)",
+    )
+    g.add_argument(
+        "--to",
+        action="append",
+        default=[],
+        choices=["trinity", "files"],
+        help="send feedback to Trinity (trinity.url) and/or write dataset files; repeatable",
+    )
+    g.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="directory for --to files: trajectories.jsonl, sft.jsonl, dpo.jsonl, manifest.json",
+    )
+    g.add_argument(
+        "--dpo-margin",
+        type=float,
+        default=0.2,
+        metavar="X",
+        help="least reward difference for a DPO pair from reward ranking (default 0.2)",
+    )
+    g.add_argument(
+        "--commit-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="POST /commit after every N acknowledged feedbacks (and at the end)",
+    )
+    g.add_argument(
+        "--commit-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="or when this long has passed since the last commit (default: commit.interval_s)",
+    )
     g = p.add_argument_group("redaction")
-    g.add_argument("--redact", action="store_true",
-                   help="replace e-mail addresses, phone numbers and API keys/secrets before "
-                   "anything leaves (files, task_id to Trinity)")
-    g.add_argument("--redact-pattern", action="append", default=[], metavar="REGEX",
-                   help="also replace matches of this regular expression with [REDACTED]; "
-                   "repeatable")
+    g.add_argument(
+        "--redact",
+        action="store_true",
+        help="replace e-mail addresses, phone numbers and API keys/secrets before "
+        "anything leaves (files, task_id to Trinity)",
+    )
+    g.add_argument(
+        "--redact-pattern",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="also replace matches of this regular expression with [REDACTED]; repeatable",
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("settings", help="print the effective settings as JSON")
@@ -407,7 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("httpx", "aiokafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:

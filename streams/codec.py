@@ -111,8 +111,8 @@ class SchemaRegistry:
                 load_schema(str(path), named_schemas=named, _write_hint=False)
         named.pop(own, None)
         # expand: the fingerprint is of the full canonical form, with named types inlined
-        parsed = parse_schema(raw, named_schemas=named, expand=True)
-        name = parsed["name"]
+        parsed: dict[str, Any] = parse_schema(raw, named_schemas=named, expand=True)  # type: ignore[assignment]
+        name = str(parsed["name"])
         model = next((m for m in self._by_model if m.avro_name == name), None)
         writer = _Writer(name, parsed, model)
         self._by_fingerprint.setdefault(writer.fingerprint, writer)
@@ -157,7 +157,9 @@ class SchemaRegistry:
         reader = self._readers.get(writer.name, writer.schema)
         body = io.BytesIO(data[_HEADER:])
         try:
-            record = fastavro.schemaless_reader(body, writer.schema, reader, return_record_name=False)
+            record = fastavro.schemaless_reader(
+                body, writer.schema, reader, return_record_name=False
+            )
         except Exception as exc:  # fastavro raises many types for corrupt bodies
             raise DecodeError(f"corrupt {writer.name} body: {exc}") from exc
         extra = len(data) - _HEADER - body.tell()

@@ -21,7 +21,6 @@ import time
 import uuid
 from collections import Counter
 from contextlib import AsyncExitStack
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .codec import SchemaRegistry
-from .models import AvroModel, CommitRecord, DeadLetter, RewardedTrajectory, Trajectory, WindowSummary
+from .models import (
+    AvroModel,
+    CommitRecord,
+    DeadLetter,
+    RewardedTrajectory,
+    Trajectory,
+    WindowSummary,
+)
 from .sdk import TrajstreamProducer
 from .select import build_strategy
 from .settings import Settings
@@ -75,7 +81,9 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
         else:
             from .broker import LocalBroker
 
-            with console.status("Starting the local Kafka broker (first run fetches it with Maven)..."):
+            with console.status(
+                "Starting the local Kafka broker (first run fetches it with Maven)..."
+            ):
                 broker = LocalBroker(settings.cache_dir)
                 stack.callback(broker.stop)
                 bootstrap = await asyncio.to_thread(broker.start, 120)
@@ -101,27 +109,27 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
         with log_path.open("wb") as log_file:
             worker = subprocess.Popen(
                 [sys.executable, "-m", "streams.cli", "worker"],
-                env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         stack.callback(_stop_process, worker)
         console.print(f"Worker: pid {worker.pid}, topics {prefix}.*, log {log_path}")
 
-        worker_settings = Settings(
-            selection={"strategy": DEMO_SETTINGS["TRAJSTREAM_SELECTION__STRATEGY"],
-                       "rate": float(DEMO_SETTINGS["TRAJSTREAM_SELECTION__RATE"])},
-        )
+        # the worker's selection, computed here with the same pure strategy
         strategy = build_strategy(
-            worker_settings.selection.strategy,
-            rate=worker_settings.selection.rate,
-            mark_ttl=timedelta(seconds=worker_settings.selection.mark_ttl_s),
+            DEMO_SETTINGS["TRAJSTREAM_SELECTION__STRATEGY"],
+            rate=float(DEMO_SETTINGS["TRAJSTREAM_SELECTION__RATE"]),
         )
         sims = await _drive(bootstrap, prefix, standin, calls, agents)
         expected = [s for s in sims if _selected(strategy, s)]
         wanted = {m for s in expected for m in s.msg_ids}
         ok = await _wait_committed(standin, wanted, worker, log_path)
         windows_expected = len({(s.agent, s.model) for s in expected})
-        topics = await _read_back(bootstrap, Topics(prefix, settings.kafka.partitions),
-                                  len(expected), windows_expected)
+        topics = await _read_back(
+            bootstrap, Topics(prefix, settings.kafka.partitions), len(expected), windows_expected
+        )
         _stop_process(worker)
         return _summary(sims, expected, standin, topics, ok)
     return 1  # pragma: no cover - unreachable
@@ -134,36 +142,66 @@ def _selected(strategy: Any, sim: SimulatedCall) -> bool:
 
     now = utcnow()
     mark = TrainingMark(marked_at=now) if sim.marked else None
-    end = AgentCall(event_id="x", call_id=sim.call_id, phase=CallPhase.END, event_time=now,
-                    agent_name=sim.agent, mark=mark)
+    end = AgentCall(
+        event_id="x",
+        call_id=sim.call_id,
+        phase=CallPhase.END,
+        event_time=now,
+        agent_name=sim.agent,
+        mark=mark,
+    )
     return bool(strategy.decide(CallView(sim.call_id, None, end, sim.model)).selected)
 
 
-async def _drive(bootstrap: str, prefix: str, standin: StandIn, calls: int, agents: int) -> list[SimulatedCall]:
+async def _drive(
+    bootstrap: str, prefix: str, standin: StandIn, calls: int, agents: int
+) -> list[SimulatedCall]:
     rng = random.Random(42)
     names = list(AGENTS)[:agents]
     sims: list[SimulatedCall] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    async with TrajstreamProducer(bootstrap, topic_prefix=prefix) as producer, TrinityClient(standin.url) as trinity:
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    async with (
+        TrajstreamProducer(bootstrap, topic_prefix=prefix) as producer,
+        TrinityClient(standin.url) as trinity,
+    ):
         with Progress(*columns, console=console) as progress:
             task = progress.add_task("agent calls", total=calls)
             for i in range(calls):
-                sims.append(await simulate_call(
-                    producer, trinity, rng,
-                    agent=names[i % len(names)],
-                    mark=rng.random() < 0.15,
-                    fail=rng.random() < 0.12,
-                    rating=float(rng.randint(1, 5)) if rng.random() < 0.4 else None,
-                ))
+                sims.append(
+                    await simulate_call(
+                        producer,
+                        trinity,
+                        rng,
+                        agent=names[i % len(names)],
+                        mark=rng.random() < 0.15,
+                        fail=rng.random() < 0.12,
+                        rating=float(rng.randint(1, 5)) if rng.random() < 0.4 else None,
+                    )
+                )
                 progress.advance(task)
                 await asyncio.sleep(rng.uniform(0.0, 0.05))
     return sims
 
 
-async def _wait_committed(standin: StandIn, wanted: set[str], worker: subprocess.Popen[bytes],
-                          log_path: Path, timeout: float = 180.0) -> bool:
+async def _wait_committed(
+    standin: StandIn,
+    wanted: set[str],
+    worker: subprocess.Popen[bytes],
+    log_path: Path,
+    timeout: float = 180.0,
+) -> bool:
     state = standin.state
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         fed = progress.add_task("msg_ids fed back", total=len(wanted))
         committed = progress.add_task("msg_ids committed", total=len(wanted))
@@ -182,7 +220,9 @@ async def _wait_committed(standin: StandIn, wanted: set[str], worker: subprocess
     return False
 
 
-async def _read_back(bootstrap: str, topics: Topics, trajectories: int, pairs: int) -> dict[str, list[AvroModel]]:
+async def _read_back(
+    bootstrap: str, topics: Topics, trajectories: int, pairs: int
+) -> dict[str, list[AvroModel]]:
     """Read the output topics; waits briefly for the reward windows to close."""
     codec = SchemaRegistry.default()
     names = {
@@ -193,8 +233,12 @@ async def _read_back(bootstrap: str, topics: Topics, trajectories: int, pairs: i
         "dead_letters": topics.dead_letters,
     }
     out: dict[str, list[AvroModel]] = {}
-    consumer = AIOKafkaConsumer(*names.values(), bootstrap_servers=bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        *names.values(),
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await consumer.start()
     by_topic: dict[str, list[AvroModel]] = {t: [] for t in names.values()}
     deadline = time.monotonic() + 60
@@ -214,8 +258,13 @@ async def _read_back(bootstrap: str, topics: Topics, trajectories: int, pairs: i
     return out
 
 
-def _summary(sims: list[SimulatedCall], expected: list[SimulatedCall], standin: StandIn,
-             topics: dict[str, list[AvroModel]], ok: bool) -> int:
+def _summary(
+    sims: list[SimulatedCall],
+    expected: list[SimulatedCall],
+    standin: StandIn,
+    topics: dict[str, list[AvroModel]],
+    ok: bool,
+) -> int:
     state = standin.state
     events = sum(2 + 2 * len(s.msg_ids) - 1 for s in sims) + sum(s.rating is not None for s in sims)
     trajectories = [t for t in topics["trajectories"] if isinstance(t, Trajectory)]
@@ -230,18 +279,32 @@ def _summary(sims: list[SimulatedCall], expected: list[SimulatedCall], standin: 
     table.add_column("stage")
     table.add_column("count", justify="right")
     table.add_column("detail")
-    table.add_row("agent calls", str(len(sims)), f"{sum(s.status.value == 'ERROR' for s in sims)} failed, "
-                  f"{sum(s.marked for s in sims)} marked, {sum(s.rating is not None for s in sims)} rated")
+    table.add_row(
+        "agent calls",
+        str(len(sims)),
+        f"{sum(s.status.value == 'ERROR' for s in sims)} failed, "
+        f"{sum(s.marked for s in sims)} marked, {sum(s.rating is not None for s in sims)} rated",
+    )
     table.add_row("events in", str(events), "call start/end, LLM and tool steps, user ratings")
-    table.add_row("selected", str(len(expected)), ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())))
-    table.add_row("trajectories", str(len(trajectories)), f"{sum(len(t.steps) for t in trajectories)} steps")
+    table.add_row(
+        "selected", str(len(expected)), ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
+    )
+    table.add_row(
+        "trajectories", str(len(trajectories)), f"{sum(len(t.steps) for t in trajectories)} steps"
+    )
     mean = sum(r.reward for r in rewarded) / len(rewarded) if rewarded else 0.0
     table.add_row("rewards", str(len(rewarded)), f"mean {mean:.3f}")
-    table.add_row("feedback acknowledged", str(len(acked)),
-                  f"{sum(len(f.applied) for f in acked)} msg_ids rewarded at the stand-in")
-    table.add_row("commits", str(len(commits)),
-                  f"stand-in: {sum(1 for c in state.commits if c.status == 200)} commits, "
-                  f"{len(state.trained)} experiences trained, explore step {state.explore_step}")
+    table.add_row(
+        "feedback acknowledged",
+        str(len(acked)),
+        f"{sum(len(f.applied) for f in acked)} msg_ids rewarded at the stand-in",
+    )
+    table.add_row(
+        "commits",
+        str(len(commits)),
+        f"stand-in: {sum(1 for c in state.commits if c.status == 200)} commits, "
+        f"{len(state.trained)} experiences trained, explore step {state.explore_step}",
+    )
     table.add_row("dead letters", str(len(letters)), "")
     console.print(table)
 
@@ -249,24 +312,38 @@ def _summary(sims: list[SimulatedCall], expected: list[SimulatedCall], standin: 
     for col in ("window start", "agent", "model", "count", "mean", "min", "max", "success"):
         wtable.add_column(col)
     for w in sorted(windows, key=lambda w: (w.window_start, w.agent_name)):
-        wtable.add_row(w.window_start.strftime("%H:%M:%S"), w.agent_name, w.model, str(w.count),
-                       f"{w.mean:.3f}", f"{w.min:.3f}", f"{w.max:.3f}", f"{w.success_rate:.0%}")
+        wtable.add_row(
+            w.window_start.strftime("%H:%M:%S"),
+            w.agent_name,
+            w.model,
+            str(w.count),
+            f"{w.mean:.3f}",
+            f"{w.min:.3f}",
+            f"{w.max:.3f}",
+            f"{w.success_rate:.0%}",
+        )
     console.print(wtable)
 
     checks = {
         "every selected call became one trajectory": len(trajectories) == len(expected),
         "one feedback per trajectory at the stand-in": len(acked) == len(expected),
-        "every msg_id of the selected calls trained": set(state.trained) == {m for s in expected for m in s.msg_ids},
-        "commits recorded = commits received": len(commits) == sum(1 for c in state.commits if c.status == 200),
-        "feedback in commits = feedback acknowledged": sum(c.feedback_count for c in commits) == len(acked),
+        "every msg_id of the selected calls trained": set(state.trained)
+        == {m for s in expected for m in s.msg_ids},
+        "commits recorded = commits received": len(commits)
+        == sum(1 for c in state.commits if c.status == 200),
+        "feedback in commits = feedback acknowledged": sum(c.feedback_count for c in commits)
+        == len(acked),
         "rewards in windows = rewards": sum(w.count for w in windows) == len(rewarded),
         "no dead letters": not letters,
     }
     for what, good in checks.items():
         console.print(f"  {'[green]ok[/]' if good else '[red]MISMATCH[/]'}  {what}")
     good = ok and all(checks.values())
-    console.print("[bold green]The summary agrees with what the stand-in received.[/]" if good
-                  else "[bold red]The summary does not agree with the stand-in.[/]")
+    console.print(
+        "[bold green]The summary agrees with what the stand-in received.[/]"
+        if good
+        else "[bold red]The summary does not agree with the stand-in.[/]"
+    )
     return 0 if good else 1
 
 

@@ -212,8 +212,11 @@ def _tool_call(step: Completion, n: int, recorded: str) -> Row:
             name = data["name"]
             args = data.get("arguments", {})
             arguments = args if isinstance(args, str) else json.dumps(args, sort_keys=True)
-    return {"id": f"call_{step.seq}_{n}", "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": f"call_{step.seq}_{n}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def sft_messages(trajectory: Trajectory) -> list[Row]:
@@ -252,8 +255,11 @@ def sft_messages(trajectory: Trajectory) -> list[Row]:
             call_id = open_calls[0][1]
         if call_id is None:  # a tool step no recorded LLM step asked for
             call_id = f"call_{step.seq}_0"
-            call: Row = {"id": call_id, "type": "function",
-                         "function": {"name": name, "arguments": "{}"}}
+            call: Row = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": "{}"},
+            }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and "weight" not in last:
                 last.setdefault("tool_calls", []).append(call)
@@ -266,7 +272,9 @@ def sft_messages(trajectory: Trajectory) -> list[Row]:
     final = trajectory.output
     last = messages[-1] if messages else None
     if final and not (
-        last is not None and last["role"] == "assistant" and last.get("content") == final
+        last is not None
+        and last["role"] == "assistant"
+        and last.get("content") == final
         and not last.get("tool_calls")
     ):
         messages.append({"role": "assistant", "content": final})
@@ -324,20 +332,31 @@ def preference_pairs(trajectory: Trajectory, feedback: Iterable[UserFeedback]) -
         if fb.response_id and fb.response_id != good.response_id and fb.response_id in llm:
             others = [llm[fb.response_id]]
         elif good.input_messages:
-            others = [s for rid, s in llm.items()
-                      if rid != good.response_id and s.input_messages == good.input_messages]
+            others = [
+                s
+                for rid, s in llm.items()
+                if rid != good.response_id and s.input_messages == good.input_messages
+            ]
         else:
             others = []
         for bad in others:
             first = good if good.seq <= bad.seq else bad
-            row = _pair_row(_prompt_before(trajectory, first), _assistant_text(good),
-                            _assistant_text(bad))
+            row = _pair_row(
+                _prompt_before(trajectory, first), _assistant_text(good), _assistant_text(bad)
+            )
             if row is not None:
-                pairs.append(Pair(row, {
-                    "source": "preference", "call_id": trajectory.call_id,
-                    "feedback_event_id": fb.event_id, "preferred_response_id": good.response_id,
-                    "rejected_response_id": bad.response_id,
-                }))
+                pairs.append(
+                    Pair(
+                        row,
+                        {
+                            "source": "preference",
+                            "call_id": trajectory.call_id,
+                            "feedback_event_id": fb.event_id,
+                            "preferred_response_id": good.response_id,
+                            "rejected_response_id": bad.response_id,
+                        },
+                    )
+                )
     return pairs
 
 
@@ -372,11 +391,19 @@ def ranking_pairs(
             continue
         row = _pair_row(json.loads(key), _final_text(best), _final_text(worst))
         if row is not None:
-            pairs.append(Pair(row, {
-                "source": "ranking", "chosen_call_id": best.call_id,
-                "rejected_call_id": worst.call_id, "chosen_reward": best_r.reward,
-                "rejected_reward": worst_r.reward, "group_size": len(group),
-            }))
+            pairs.append(
+                Pair(
+                    row,
+                    {
+                        "source": "ranking",
+                        "chosen_call_id": best.call_id,
+                        "rejected_call_id": worst.call_id,
+                        "chosen_reward": best_r.reward,
+                        "rejected_reward": worst_r.reward,
+                        "group_size": len(group),
+                    },
+                )
+            )
     return pairs
 
 
@@ -440,8 +467,11 @@ def write_export(
             tmp, digest = _write_temp(out, f.name, (canonical(r) + "\n" for r in f.rows))
             temps.append((tmp, out / f.name))
             listing[f.name] = {
-                "format": f.format, "rows": len(f.rows),
-                "duplicates_removed": f.duplicates_removed, "sha256": digest, **f.extra,
+                "format": f.format,
+                "rows": len(f.rows),
+                "duplicates_removed": f.duplicates_removed,
+                "sha256": digest,
+                **f.extra,
                 "trace": f.traces,
             }
         full["files"] = listing

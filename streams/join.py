@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from collections.abc import Iterable
 from enum import StrEnum
 
 from .models import (
@@ -38,11 +38,11 @@ __all__ = [
     "Applied",
     "Deadlines",
     "Limits",
+    "Progress",
     "add_event",
     "close",
     "closed_reason",
     "last_model",
-    "Progress",
     "new_pending",
     "progress_of",
     "task_id_for",
@@ -211,7 +211,9 @@ def view_of(state: PendingCall) -> CallView:
     return CallView(state.call_id, state.start, state.end, last_model(state.steps), last)
 
 
-def close(state: PendingCall, strategy: Strategy, reason: str) -> tuple[Selection, Trajectory | None]:
+def close(
+    state: PendingCall, strategy: Strategy, reason: str
+) -> tuple[Selection, Trajectory | None]:
     """Decide selection for a closing call and build its trajectory when selected.
 
     A call closed without its END (abandoned, or oversized before its end) is decided like any
@@ -223,7 +225,7 @@ def close(state: PendingCall, strategy: Strategy, reason: str) -> tuple[Selectio
     if not selection.selected:
         return selection, None
     start, end = state.start, state.end
-    first = end or start
+    first = start or end
     mark = view.mark
     trajectory = Trajectory(
         trajectory_id=state.call_id,
@@ -234,7 +236,7 @@ def close(state: PendingCall, strategy: Strategy, reason: str) -> tuple[Selectio
         agent_name=view.agent_name,
         agent_version=_first(e.agent_version for e in (end, start) if e),
         conversation_id=_first(e.conversation_id for e in (end, start) if e),
-        input_messages=(start or end).input_messages if first else [],
+        input_messages=first.input_messages if first else [],
         output=end.output if end else None,
         status=end.status if end else None,
         error_type=end.error_type if end else None,

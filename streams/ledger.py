@@ -147,8 +147,11 @@ def apply_ack(state: LedgerState, ack: FeedbackAck, now: datetime, cfg: LedgerCo
         state.late[pair] = state.late.get(pair, 0) + 1
         return True
     acc = next(
-        (w for w in state.windows
-         if w.agent_name == agent and w.model == model and w.window_start == start),
+        (
+            w
+            for w in state.windows
+            if w.agent_name == agent and w.model == model and w.window_start == start
+        ),
         None,
     )
     if acc is None:
@@ -174,7 +177,8 @@ def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[Wi
         horizon = now - cfg.grace if horizon is None else max(horizon, now - cfg.grace)
     if horizon is None:
         return []
-    final, keep = [], []
+    final: list[WindowAccumulator] = []
+    keep: list[WindowAccumulator] = []
     for acc in sorted(state.windows, key=lambda w: (w.window_start, w.agent_name, w.model)):
         end = acc.window_start + cfg.window
         (final if end <= horizon else keep).append(acc)
@@ -203,7 +207,9 @@ def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[Wi
     return summaries
 
 
-def due_commit(state: LedgerState, now: datetime, cfg: LedgerConfig, final: bool = False) -> CommitPlan | None:
+def due_commit(
+    state: LedgerState, now: datetime, cfg: LedgerConfig, final: bool = False
+) -> CommitPlan | None:
     """The commit due at ``now``, if any. Nothing changes until :func:`commit_done`.
 
     None while another commit is in flight (``state.pending_commit``).
@@ -218,7 +224,9 @@ def due_commit(state: LedgerState, now: datetime, cfg: LedgerConfig, final: bool
         anchor = state.batch_start if count else (state.last_commit or None)
         if count == 0 and not cfg.commit_empty:
             return None
-        if anchor is not None and _interval_index(now, cfg.interval) <= _interval_index(anchor, cfg.interval):
+        if anchor is not None and _interval_index(now, cfg.interval) <= _interval_index(
+            anchor, cfg.interval
+        ):
             return None
         if count < cfg.min_batch and not (count == 0 and cfg.commit_empty):
             return None

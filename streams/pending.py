@@ -53,15 +53,30 @@ class PendingCodec:
         else:
             kind, seq = _END, -1
             steps = -1 if event.step_count is None else event.step_count
-        return {"event_id": event.event_id, "kind": kind, "seq": seq, "step_count": steps,
-                "size": len(data), "data": data}
+        return {
+            "event_id": event.event_id,
+            "kind": kind,
+            "seq": seq,
+            "step_count": steps,
+            "size": len(data),
+            "data": data,
+        }
 
-    def new(self, call_id: str, partition: int, first_seen: datetime, item: dict[str, Any]) -> bytes:
+    def new(
+        self, call_id: str, partition: int, first_seen: datetime, item: dict[str, Any]
+    ) -> bytes:
         buf = io.BytesIO()
         buf.write(self.header)
-        fastavro.schemaless_writer(buf, self.schema, {
-            "call_id": call_id, "partition": partition, "first_seen": first_seen, "events": [item],
-        })
+        fastavro.schemaless_writer(
+            buf,
+            self.schema,
+            {
+                "call_id": call_id,
+                "partition": partition,
+                "first_seen": first_seen,
+                "events": [item],
+            },
+        )
         return buf.getvalue()
 
     def append(self, stored: bytes, item: dict[str, Any]) -> bytes:
@@ -103,7 +118,9 @@ class PendingCodec:
     def _read(self, stored: bytes, reader: Any) -> dict[str, Any]:
         if not stored.startswith(self.header):
             raise DecodeError("not a stored open call (PendingEvents)")
-        record = fastavro.schemaless_reader(io.BytesIO(stored[len(self.header):]), self.schema, reader)
+        record = fastavro.schemaless_reader(
+            io.BytesIO(stored[len(self.header) :]), self.schema, reader
+        )
         assert isinstance(record, dict)
         return record
 

@@ -37,5 +37,7 @@ def load_object(name: str) -> object:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ConfigError(f"{module_name!r} has no attribute {attr!r} (from {name!r})") from None
+            raise ConfigError(
+                f"{module_name!r} has no attribute {attr!r} (from {name!r})"
+            ) from None
     return obj

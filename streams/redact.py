@@ -34,12 +34,35 @@ __all__ = ["KINDS", "STRUCTURAL_KEYS", "Redactor"]
 KINDS = ("custom", "secret", "email", "phone")
 """The kinds of redaction, in the order they are applied; the keys of :attr:`Redactor.counts`."""
 
-STRUCTURAL_KEYS = frozenset({
-    "event_id", "call_id", "trajectory_id", "response_id", "preferred_response_id", "msg_ids",
-    "event_time", "marked_at", "started_at", "ended_at", "acked_at", "phase", "kind", "status",
-    "role", "seq", "run_id", "reward", "reward_fn", "reward_version", "closed_reason",
-    "tool_call_id", "id", "type", "finish_reasons",
-})
+STRUCTURAL_KEYS = frozenset(
+    {
+        "event_id",
+        "call_id",
+        "trajectory_id",
+        "response_id",
+        "preferred_response_id",
+        "msg_ids",
+        "event_time",
+        "marked_at",
+        "started_at",
+        "ended_at",
+        "acked_at",
+        "phase",
+        "kind",
+        "status",
+        "role",
+        "seq",
+        "run_id",
+        "reward",
+        "reward_fn",
+        "reward_version",
+        "closed_reason",
+        "tool_call_id",
+        "id",
+        "type",
+        "finish_reasons",
+    }
+)
 """Keys of ids, timestamps and enumerations: :meth:`Redactor.redact_obj` leaves their values be
 (a timestamp is not a phone number, and a call id must still trace a row back)."""
 
@@ -170,8 +193,9 @@ class Redactor:
         if isinstance(value, str):
             return value if key in STRUCTURAL_KEYS else self.redact(value)
         if isinstance(value, dict):
-            return {k: self.redact_obj(v, k if isinstance(k, str) else key)
-                    for k, v in value.items()}
+            return {
+                k: self.redact_obj(v, k if isinstance(k, str) else key) for k, v in value.items()
+            }
         if isinstance(value, list | tuple):
             return [self.redact_obj(v, key) for v in value]
         return value

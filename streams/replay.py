@@ -183,6 +183,11 @@ class ReplayCore:
     ``since``: calls that close before it are read (for their context) but left out of the
     results; the driver reads a look-back margin before the range so that calls that started
     before it are complete.
+
+    Known difference: the live reward stage forgets user feedback that waited for its
+    trajectory longer than ``abandon_after + grace``; the replay keeps it until the trajectory
+    comes (feedback normally follows its call, so this only matters for calls that took longer
+    than ``assembly.abandon_after_s``).
     """
 
     def __init__(
@@ -295,8 +300,10 @@ class ReplayCore:
             self.stats["events.duplicate"] += 1
             return
         if applied is Applied.DUPLICATE_SEQ:
-            self._reject(f"step seq {event.seq if isinstance(event, Completion) else '?'} "
-                         "arrived twice with different event ids; the first was kept")
+            self._reject(
+                f"step seq {event.seq if isinstance(event, Completion) else '?'} "
+                "arrived twice with different event ids; the first was kept"
+            )
             return
         self.stats["events.applied"] += 1
         if fresh:
@@ -327,8 +334,12 @@ class ReplayCore:
             return
         n = len(self.rewarders)
         outcome = Outcome(
-            trajectory=trajectory, closed_at=now, partition=partition, rewards=[None] * n,
-            errors=[None] * n, attached=[[] for _ in range(n)],
+            trajectory=trajectory,
+            closed_at=now,
+            partition=partition,
+            rewards=[None] * n,
+            errors=[None] * n,
+            attached=[[] for _ in range(n)],
             feedback=list(self._feedback.get(call_id, [])),
         )
         self.outcomes.append(outcome)
@@ -461,14 +472,21 @@ class Distribution:
             return cls(1, v, 0.0, v, v, v, v, v)
         deciles = statistics.quantiles(ordered, n=10, method="inclusive")
         return cls(
-            count=len(ordered), mean=statistics.fmean(ordered), stdev=statistics.stdev(ordered),
-            min=ordered[0], p10=deciles[0], p50=statistics.median(ordered), p90=deciles[-1],
+            count=len(ordered),
+            mean=statistics.fmean(ordered),
+            stdev=statistics.stdev(ordered),
+            min=ordered[0],
+            p10=deciles[0],
+            p50=statistics.median(ordered),
+            p90=deciles[-1],
             max=ordered[-1],
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in
-                ("count", "mean", "stdev", "min", "p10", "p50", "p90", "max")}
+        return {
+            k: getattr(self, k)
+            for k in ("count", "mean", "stdev", "min", "p10", "p50", "p90", "max")
+        }
 
 
 @dataclass(frozen=True)
@@ -492,8 +510,11 @@ def compare(outcomes: Sequence[Outcome], threshold: float, a: int = 0, b: int = 
     """Compare reward functions ``a`` and ``b`` of the outcomes (see :class:`Comparison`)."""
     va = [r.reward for o in outcomes if (r := o.rewards[a]) is not None]
     vb = [r.reward for o in outcomes if (r := o.rewards[b]) is not None]
-    pairs = [(ra.reward, rb.reward, o.call_id) for o in outcomes
-             if (ra := o.rewards[a]) is not None and (rb := o.rewards[b]) is not None]
+    pairs = [
+        (ra.reward, rb.reward, o.call_id)
+        for o in outcomes
+        if (ra := o.rewards[a]) is not None and (rb := o.rewards[b]) is not None
+    ]
     pearson = None
     if len(pairs) >= 2:
         try:
@@ -508,8 +529,12 @@ def compare(outcomes: Sequence[Outcome], threshold: float, a: int = 0, b: int = 
 
     scored_any = [o for o in outcomes if o.rewards[a] is not None or o.rewards[b] is not None]
     return Comparison(
-        a=Distribution.of(va), b=Distribution.of(vb), both=len(pairs), pearson=pearson,
-        agreement=agree / len(pairs) if pairs else None, threshold=threshold,
+        a=Distribution.of(va),
+        b=Distribution.of(vb),
+        both=len(pairs),
+        pearson=pearson,
+        agreement=agree / len(pairs) if pairs else None,
+        threshold=threshold,
         only_a=[o.call_id for o in scored_any if passes(o, a) and not passes(o, b)],
         only_b=[o.call_id for o in scored_any if passes(o, b) and not passes(o, a)],
     )
@@ -555,7 +580,7 @@ def read_ledger(keys: Iterable[bytes | None], rid: str) -> tuple[set[str], int]:
         if key == marker:
             uncommitted = 0
         elif key is not None and key.startswith(head):
-            acknowledged.add(key[len(head):].decode())
+            acknowledged.add(key[len(head) :].decode())
             uncommitted += 1
     return acknowledged, uncommitted
 
@@ -662,11 +687,24 @@ def build_exports(
     files = []
     for name, fmt, rows, traces, extra in (
         ("trajectories.jsonl", "trajstream-rewarded-trajectory", traj_rows, traj_traces, {}),
-        ("sft.jsonl", "openai-chat-fine-tuning", sft_rows, sft_traces,
-         {"min_reward": min_reward, "below_min_reward": below, "nothing_to_train_on": empty}),
-        ("dpo.jsonl", "openai-preference-fine-tuning", dpo_rows, dpo_traces,
-         {"dpo_margin": dpo_margin, "from_preference_feedback": preference,
-          "from_reward_ranking": len(pairs) - preference}),
+        (
+            "sft.jsonl",
+            "openai-chat-fine-tuning",
+            sft_rows,
+            sft_traces,
+            {"min_reward": min_reward, "below_min_reward": below, "nothing_to_train_on": empty},
+        ),
+        (
+            "dpo.jsonl",
+            "openai-preference-fine-tuning",
+            dpo_rows,
+            dpo_traces,
+            {
+                "dpo_margin": dpo_margin,
+                "from_preference_feedback": preference,
+                "from_reward_ranking": len(pairs) - preference,
+            },
+        ),
     ):
         kept, kept_traces, removed = dedupe(rows, traces)
         files.append(ExportFile(name, fmt, kept, kept_traces, removed, extra))
@@ -714,15 +752,17 @@ def parse_offsets(spec: str, prefix: str) -> OffsetRange:
     TOPIC is ``agent-events`` or ``user-feedback``, with or without the prefix."""
     match = _OFFSETS.fullmatch(spec.strip())
     if not match:
-        raise ConfigError(f"bad --offsets {spec!r}: use TOPIC:PARTITION:START-END, "
-                          "e.g. agent-events:0:100-200")
+        raise ConfigError(
+            f"bad --offsets {spec!r}: use TOPIC:PARTITION:START-END, e.g. agent-events:0:100-200"
+        )
     topic = match["topic"]
     inputs = {f"{prefix}.agent-events", f"{prefix}.user-feedback"}
     if f"{prefix}.{topic}" in inputs:
         topic = f"{prefix}.{topic}"
     if topic not in inputs:
-        raise ConfigError(f"bad --offsets {spec!r}: {topic} is not an input topic "
-                          f"({', '.join(sorted(inputs))})")
+        raise ConfigError(
+            f"bad --offsets {spec!r}: {topic} is not an input topic ({', '.join(sorted(inputs))})"
+        )
     start, end = int(match["start"]), int(match["end"]) if match["end"] else None
     if end is not None and end < start:
         raise ConfigError(f"bad --offsets {spec!r}: END is before START")
@@ -767,15 +807,17 @@ class ReplayOptions:
         if self.offsets and (self.since or self.until):
             raise ConfigError("give a time range (--since/--until) or --offsets, not both")
         if self.since and self.until and self.until <= self.since:
-            raise ConfigError(f"--until {self.until.isoformat()} is not after --since "
-                              f"{self.since.isoformat()}")
+            raise ConfigError(
+                f"--until {self.until.isoformat()} is not after --since {self.since.isoformat()}"
+            )
         if "files" in self.to and self.out is None:
             raise ConfigError("--to files needs --out DIR")
         if self.out is not None and "files" not in self.to:
             raise ConfigError("--out needs --to files")
         if self.compare_reward and self.to:
-            raise ConfigError("--compare-reward is a dry run that compares two reward functions; "
-                              "leave out --to")
+            raise ConfigError(
+                "--compare-reward is a dry run that compares two reward functions; leave out --to"
+            )
         if not math.isfinite(self.min_reward) or not math.isfinite(self.dpo_margin):
             raise ConfigError("--min-reward and --dpo-margin must be numbers")
         if self.lookback_s is not None and self.lookback_s < 0:
@@ -834,10 +876,12 @@ async def run_replay(
     rewarders = [build_rewarder(options.reward or settings.reward.function, weights)]
     if options.compare_reward:
         rewarders.append(build_rewarder(options.compare_reward, weights))
-    redactor = Redactor(options.redact_patterns, enabled=options.redact)
+    redactor = Redactor(options.redact_patterns, enabled=options.redact)  # files
+    task_redactor = Redactor(options.redact_patterns, enabled=options.redact)  # Trinity task_id
     pacer = CommitPacer(
         options.commit_every,
-        options.commit_interval_s if options.commit_interval_s is not None
+        options.commit_interval_s
+        if options.commit_interval_s is not None
         else settings.commit.interval_s,
         time.monotonic(),
     )
@@ -847,14 +891,17 @@ async def run_replay(
     rid = replay_id(prefix, strategy.name, rewarders[0].name, rewarders[0].version)
     client_id = f"{settings.app_id}-replay-{rid}"
     lookback = timedelta(
-        seconds=options.lookback_s if options.lookback_s is not None
+        seconds=options.lookback_s
+        if options.lookback_s is not None
         else settings.assembly.abandon_after_s
     )
 
     topics = await _topic_partitions(bootstrap)
     if f"{prefix}.agent-events" not in topics:
-        raise ConfigError(f"unknown topic {prefix}.agent-events: nothing to replay under "
-                          f"kafka.topic_prefix={prefix!r} [TRAJSTREAM_KAFKA__TOPIC_PREFIX]")
+        raise ConfigError(
+            f"unknown topic {prefix}.agent-events: nothing to replay under "
+            f"kafka.topic_prefix={prefix!r} [TRAJSTREAM_KAFKA__TOPIC_PREFIX]"
+        )
     consumer = _consumer(bootstrap, client_id)
     await consumer.start()
     # let the consumer's background task start: stopping it before it ran raises
@@ -863,15 +910,18 @@ async def run_replay(
     try:
         ranges, source = await _resolve(consumer, topics, prefix, options, started, lookback)
         core = ReplayCore(
-            strategy, rewarders,
+            strategy,
+            rewarders,
             limits=Limits(
-                max_steps=settings.assembly.max_steps, max_bytes=settings.assembly.max_bytes,
+                max_steps=settings.assembly.max_steps,
+                max_bytes=settings.assembly.max_bytes,
                 abandon_after=timedelta(seconds=settings.assembly.abandon_after_s),
             ),
             feedback_grace=timedelta(seconds=settings.reward.feedback_grace_s),
             score_incomplete=settings.reward.score_incomplete,
             late_retention=timedelta(seconds=settings.assembly.late_retention_s),
-            since=options.since, codec=codec,
+            since=options.since,
+            codec=codec,
         )
         result = ReplayResult(rid, core, source, dry_run=dry_run)
         result.records = await _read(consumer, ranges, core, progress_console)
@@ -879,30 +929,42 @@ async def run_replay(
         core.finish(end_of_range)
         if "trinity" in options.to:
             acknowledged, uncommitted = await _acknowledged(
-                consumer, topics, replayed_topic(prefix), rid)
+                consumer, topics, replayed_topic(prefix), rid
+            )
             result.acknowledged_before = len(acknowledged)
             result.uncommitted_before = uncommitted
-            result.plan = plan_feedback((r for _, r in core.scored()), acknowledged, redactor)
+            result.plan = plan_feedback((r for _, r in core.scored()), acknowledged, task_redactor)
     finally:
         await consumer.stop()
 
     if options.compare_reward:
         result.comparison = compare(core.outcomes, options.min_reward)
-    if result.plan is not None and not result.dry_run and (
-        result.plan.send or result.uncommitted_before
+    if (
+        result.plan is not None
+        and not result.dry_run
+        and (result.plan.send or result.uncommitted_before)
     ):
         pacer.pending = result.uncommitted_before
-        await _send(settings, bootstrap, client_id, rid, result, pacer, progress_console,
-                    trinity, codec)
+        await _send(
+            settings, bootstrap, client_id, rid, result, pacer, progress_console, trinity, codec
+        )
     if "files" in options.to:
-        result.exports = build_exports(core.outcomes, min_reward=options.min_reward,
-                                       dpo_margin=options.dpo_margin, redactor=redactor)
+        result.exports = build_exports(
+            core.outcomes,
+            min_reward=options.min_reward,
+            dpo_margin=options.dpo_margin,
+            redactor=redactor,
+        )
         if not result.dry_run:
             assert options.out is not None
-            result.manifest = write_export(options.out, result.exports, _manifest(
-                result, settings, options, redactor, codec))
+            result.manifest = write_export(
+                options.out, result.exports, _manifest(result, settings, options, redactor, codec)
+            )
     if redactor.enabled:
-        result.redactions = redactor.summary()
+        result.redactions = {
+            "files": redactor.summary() if "files" in options.to else None,
+            "trinity_task_ids": task_redactor.summary() if "trinity" in options.to else None,
+        }
     print_summary(console, result, options)
     return result
 
@@ -912,8 +974,11 @@ def _consumer(bootstrap: str, client_id: str) -> Any:
 
     # no group: nothing is committed anywhere, and the live group never sees this consumer
     return AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, client_id=client_id,
-        enable_auto_commit=False, auto_offset_reset="earliest",
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        client_id=client_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
     )
 
 
@@ -935,8 +1000,12 @@ async def _topic_partitions(bootstrap: str) -> dict[str, list[int]]:
 
 
 async def _resolve(
-    consumer: Any, existing: dict[str, list[int]], prefix: str, options: ReplayOptions,
-    now: datetime, lookback: timedelta,
+    consumer: Any,
+    existing: dict[str, list[int]],
+    prefix: str,
+    options: ReplayOptions,
+    now: datetime,
+    lookback: timedelta,
 ) -> tuple[dict[Any, tuple[int, int]], dict[str, Any]]:
     """The offsets to read, per topic partition, and the description of the source."""
     from aiokafka import TopicPartition
@@ -964,29 +1033,38 @@ async def _resolve(
         source["mode"] = "offsets"
     else:
         since, until = options.since, options.until
-        read_from = await _offsets_at(consumer, tps, since - lookback if since else None, first,
-                                      last)
+        read_from = await _offsets_at(
+            consumer, tps, since - lookback if since else None, first, last
+        )
         in_range = await _offsets_at(consumer, tps, since, first, last)
         read_to = await _offsets_at(consumer, tps, until, last, last)
         for tp in tps:
             ranges[tp] = (read_from[tp], max(read_from[tp], read_to[tp]))
-        in_range_events = sum(max(0, read_to[tp] - in_range[tp]) for tp in tps
-                              if tp.topic == events)
+        in_range_events = sum(
+            max(0, read_to[tp] - in_range[tp]) for tp in tps if tp.topic == events
+        )
         if in_range_events == 0:
             raise ReplayError(
                 f"no agent events in {events} from {since.isoformat() if since else 'the start'}"
                 f" to {until.isoformat() if until else 'now'}"
             )
-        source.update(mode="time", since=since.isoformat() if since else None,
-                      until=(until or now).isoformat(), lookback_s=lookback.total_seconds(),
-                      events_in_range=in_range_events)
+        source.update(
+            mode="time",
+            since=since.isoformat() if since else None,
+            until=(until or now).isoformat(),
+            lookback_s=lookback.total_seconds(),
+            events_in_range=in_range_events,
+        )
     for tp, (start, end) in sorted(ranges.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
         source["topics"].setdefault(tp.topic, {})[str(tp.partition)] = [start, end]
     return ranges, source
 
 
 async def _offsets_at(
-    consumer: Any, tps: list[Any], at: datetime | None, default: dict[Any, int],
+    consumer: Any,
+    tps: list[Any],
+    at: datetime | None,
+    default: dict[Any, int],
     last: dict[Any, int],
 ) -> dict[Any, int]:
     """The first offset at or after ``at`` per partition (``default`` when ``at`` is None, the
@@ -998,8 +1076,9 @@ async def _offsets_at(
     return {tp: min(found[tp].offset, last[tp]) if found.get(tp) else last[tp] for tp in tps}
 
 
-async def _read(consumer: Any, ranges: dict[Any, tuple[int, int]], core: ReplayCore,
-                console: Console) -> int:
+async def _read(
+    consumer: Any, ranges: dict[Any, tuple[int, int]], core: ReplayCore, console: Console
+) -> int:
     """Read the ranges partition by partition, each partition's events and feedback merged by
     timestamp (the order the live stages saw them in), into the core."""
     total = sum(end - start for start, end in ranges.values())
@@ -1013,11 +1092,14 @@ async def _read(consumer: Any, ranges: dict[Any, tuple[int, int]], core: ReplayC
             tps = [tp for tp in by_partition[partition] if ranges[tp][1] > ranges[tp][0]]
             if not tps:
                 continue
-            fetched = await _fetch(consumer, {tp: ranges[tp] for tp in tps},
-                                   lambda n: progress.advance(task, n))
+            fetched = await _fetch(
+                consumer, {tp: ranges[tp] for tp in tps}, lambda n: progress.advance(task, n)
+            )
             streams = [
-                [_source(m, "event" if tp.topic.endswith(".agent-events") else "feedback")
-                 for m in fetched[tp]]
+                [
+                    _source(m, "event" if tp.topic.endswith(".agent-events") else "feedback")
+                    for m in fetched[tp]
+                ]
                 for tp in sorted(tps, key=lambda tp: not tp.topic.endswith(".agent-events"))
             ]
             for record in heapq.merge(*streams, key=lambda r: r.timestamp):
@@ -1027,8 +1109,12 @@ async def _read(consumer: Any, ranges: dict[Any, tuple[int, int]], core: ReplayC
     return sum(core.stats[k] for k in ("records.event", "records.feedback"))
 
 
-async def _fetch(consumer: Any, ranges: dict[Any, tuple[int, int]],
-                 advance: Callable[[int], None], stall_s: float = 30.0) -> dict[Any, list[Any]]:
+async def _fetch(
+    consumer: Any,
+    ranges: dict[Any, tuple[int, int]],
+    advance: Callable[[int], None],
+    stall_s: float = 30.0,
+) -> dict[Any, list[Any]]:
     consumer.assign(list(ranges))
     for tp, (start, _) in ranges.items():
         consumer.seek(tp, start)
@@ -1049,16 +1135,21 @@ async def _fetch(consumer: Any, ranges: dict[Any, tuple[int, int]],
             last_progress = time.monotonic()
         elif time.monotonic() - last_progress > stall_s:
             missing = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(remaining))
-            raise ReplayError(f"no records from {missing} for {stall_s:g}s before the end of "
-                              "the range (broker unavailable?)")
+            raise ReplayError(
+                f"no records from {missing} for {stall_s:g}s before the end of "
+                "the range (broker unavailable?)"
+            )
     return out
 
 
 def _source(message: Any, kind: Literal["event", "feedback"]) -> SourceRecord:
     return SourceRecord(
-        kind=kind, partition=message.partition, offset=message.offset,
+        kind=kind,
+        partition=message.partition,
+        offset=message.offset,
         timestamp=datetime.fromtimestamp(message.timestamp / 1000, UTC),
-        key=message.key, value=message.value or b"",
+        key=message.key,
+        value=message.value or b"",
     )
 
 
@@ -1089,8 +1180,9 @@ async def _ensure_replayed(bootstrap: str, topic: str, replication: int) -> None
     try:
         if topic not in set(await admin.list_topics()):
             try:
-                await admin.create_topics([NewTopic(
-                    topic, 1, replication, topic_configs={"cleanup.policy": "compact"})])
+                await admin.create_topics(
+                    [NewTopic(topic, 1, replication, topic_configs={"cleanup.policy": "compact"})]
+                )
             except TopicAlreadyExistsError:
                 pass
     finally:
@@ -1098,8 +1190,14 @@ async def _ensure_replayed(bootstrap: str, topic: str, replication: int) -> None
 
 
 async def _send(
-    settings: Settings, bootstrap: str, client_id: str, rid: str, result: ReplayResult,
-    pacer: CommitPacer, console: Console, trinity_factory: Callable[[], TrinityClient] | None,
+    settings: Settings,
+    bootstrap: str,
+    client_id: str,
+    rid: str,
+    result: ReplayResult,
+    pacer: CommitPacer,
+    console: Console,
+    trinity_factory: Callable[[], TrinityClient] | None,
     codec: SchemaRegistry,
 ) -> None:
     """Feedback for every planned trajectory, each acknowledgement recorded on
@@ -1111,11 +1209,23 @@ async def _send(
     assert result.plan is not None
     topic = replayed_topic(settings.kafka.topic_prefix)
     await _ensure_replayed(bootstrap, topic, settings.kafka.replication_factor)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks="all",
-                                enable_idempotence=True, linger_ms=5)
-    trinity = (trinity_factory or (lambda: TrinityClient(
-        settings.trinity.url, timeout=settings.trinity.timeout_s,
-        max_connections=settings.trinity.max_connections)))()
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+    )
+    trinity = (
+        trinity_factory
+        or (
+            lambda: TrinityClient(
+                settings.trinity.url,
+                timeout=settings.trinity.timeout_s,
+                max_connections=settings.trinity.max_connections,
+            )
+        )
+    )()
     max_age = settings.trinity.retry_max_age_s
     await producer.start()
     try:
@@ -1130,9 +1240,13 @@ async def _send(
             _, answer = await _retrying(trinity.commit, max_age, "commit")
             now = utcnow()
             record = CommitRecord(
-                commit_seq=result.commits, interval_start=opened, interval_end=now,
-                feedback_count=pacer.pending, reward_mean=statistics.fmean(batch) if batch
-                else None, reward_min=min(batch, default=None), reward_max=max(batch, default=None),
+                commit_seq=result.commits,
+                interval_start=opened,
+                interval_end=now,
+                feedback_count=pacer.pending,
+                reward_mean=statistics.fmean(batch) if batch else None,
+                reward_min=min(batch, default=None),
+                reward_max=max(batch, default=None),
                 trinity_response=json.dumps(answer, sort_keys=True),
             )
             await producer.send_and_wait(topic, key=commit_key(rid), value=codec.encode(record))
@@ -1145,11 +1259,15 @@ async def _send(
             task = progress.add_task("feedback to Trinity", total=len(result.plan.send))
             for rewarded in result.plan.send:
                 result.sent += 1
-                send = functools.partial(trinity.feedback, rewarded.msg_ids, rewarded.reward,
-                                         rewarded.task_id, rewarded.run_id)
+                send = functools.partial(
+                    trinity.feedback,
+                    rewarded.msg_ids,
+                    rewarded.reward,
+                    rewarded.task_id,
+                    rewarded.run_id,
+                )
                 try:
-                    attempts, _ = await _retrying(send, max_age,
-                                                  f"feedback for {rewarded.call_id}")
+                    attempts, _ = await _retrying(send, max_age, f"feedback for {rewarded.call_id}")
                 except TrinityRejected as exc:
                     result.rejected.append((rewarded.call_id, str(exc)))
                     progress.advance(task)
@@ -1157,8 +1275,11 @@ async def _send(
                 result.acked += 1
                 batch.append(rewarded.reward)
                 ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
-                recorded.append(await producer.send(
-                    topic, key=ack_key(rid, rewarded.trajectory_id), value=codec.encode(ack)))
+                recorded.append(
+                    await producer.send(
+                        topic, key=ack_key(rid, rewarded.trajectory_id), value=codec.encode(ack)
+                    )
+                )
                 if pacer.acked(time.monotonic()):
                     await commit()
                 progress.advance(task)
@@ -1185,15 +1306,21 @@ async def _retrying(call: Callable[[], Any], max_age: float, what: str) -> tuple
             if attempts == 1 or attempts % 10 == 0:
                 log.warning("%s: %s; retrying (attempt %d)", what, exc, attempts)
             if time.monotonic() - started + delay > max_age:
-                raise ReplayError(f"{what}: Trinity unavailable for {max_age:g}s; re-run the "
-                                  f"replay to resume (acknowledged feedback is skipped): {exc}"
-                                  ) from exc
+                raise ReplayError(
+                    f"{what}: Trinity unavailable for {max_age:g}s; re-run the "
+                    f"replay to resume (acknowledged feedback is skipped): {exc}"
+                ) from exc
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _manifest(result: ReplayResult, settings: Settings, options: ReplayOptions,
-              redactor: Redactor, codec: SchemaRegistry) -> dict[str, Any]:
+def _manifest(
+    result: ReplayResult,
+    settings: Settings,
+    options: ReplayOptions,
+    redactor: Redactor,
+    codec: SchemaRegistry,
+) -> dict[str, Any]:
     from .models import RewardedTrajectory as RT
     from .models import Trajectory as T
 
@@ -1249,9 +1376,16 @@ def _progress(console: Console) -> Any:
             return Text(f"{speed:,.0f}/s" if speed else "-/s", style="progress.data.speed")
 
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(),
-        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-        transient=False, disable=not console.is_terminal,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        Rate(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+        disable=not console.is_terminal,
     )
 
 
@@ -1265,98 +1399,150 @@ def print_summary(console: Console, result: ReplayResult, options: ReplayOptions
 
     core, s = result.core, result.core.stats
     src = result.source
-    table = Table(title=f"replay {result.replay_id}" + (" (dry run: nothing sent or written)"
-                                                        if result.dry_run else ""),
-                  show_header=False, title_justify="left")
+    table = Table(
+        title=f"replay {result.replay_id}"
+        + (" (dry run: nothing sent or written)" if result.dry_run else ""),
+        show_header=False,
+        title_justify="left",
+    )
     table.add_column(style="bold")
     table.add_column()
     if src.get("mode") == "time":
-        table.add_row("range", f"{src['since'] or 'start'} .. {src['until']} "
-                               f"(read from {src['lookback_s']:g}s earlier for context)")
+        table.add_row(
+            "range",
+            f"{src['since'] or 'start'} .. {src['until']} "
+            f"(read from {src['lookback_s']:g}s earlier for context)",
+        )
     else:
         table.add_row("offsets", json.dumps(src.get("topics", {})))
     table.add_row("strategy", core.strategy.name)
     table.add_row("reward", f"{core.rewarders[0].name} (version {core.rewarders[0].version})")
-    table.add_row("records read", f"{result.records} ({s['records.event']} events, "
-                                  f"{s['records.feedback']} feedback)")
+    table.add_row(
+        "records read",
+        f"{result.records} ({s['records.event']} events, {s['records.feedback']} feedback)",
+    )
     if s["records.invalid"]:
-        table.add_row("invalid records", f"{s['records.invalid']}: " + "; ".join(
-            f"{n}x {why}" for why, n in core.invalid.most_common(3)))
-    table.add_row("duplicates / late", f"{s['events.duplicate'] + s['feedback.duplicate']} / "
-                                       f"{s['events.late']}")
-    table.add_row("calls closed in range", f"{s['calls.closed']} ({s['calls.closed_ended']} "
-                  f"ended, {s['calls.closed_abandoned']} abandoned, "
-                  f"{s['calls.closed_oversized']} oversized)"
-                  + (f"; {s['calls.before_range']} closed before it" if s["calls.before_range"]
-                     else ""))
+        table.add_row(
+            "invalid records",
+            f"{s['records.invalid']}: "
+            + "; ".join(f"{n}x {why}" for why, n in core.invalid.most_common(3)),
+        )
+    table.add_row(
+        "duplicates / late",
+        f"{s['events.duplicate'] + s['feedback.duplicate']} / {s['events.late']}",
+    )
+    table.add_row(
+        "calls closed in range",
+        f"{s['calls.closed']} ({s['calls.closed_ended']} "
+        f"ended, {s['calls.closed_abandoned']} abandoned, "
+        f"{s['calls.closed_oversized']} oversized)"
+        + (f"; {s['calls.before_range']} closed before it" if s["calls.before_range"] else ""),
+    )
     table.add_row("selected", f"{s['calls.selected']} of {s['calls.closed']}")
-    table.add_row("trajectories complete", f"{s['calls.selected'] - s['trajectories.incomplete']}"
-                  + (f" ({s['trajectories.incomplete']} abandoned/oversized, not scored)"
-                     if s["trajectories.incomplete"] else ""))
+    table.add_row(
+        "trajectories complete",
+        f"{s['calls.selected'] - s['trajectories.incomplete']}"
+        + (
+            f" ({s['trajectories.incomplete']} abandoned/oversized, not scored)"
+            if s["trajectories.incomplete"]
+            else ""
+        ),
+    )
     if core.incomplete:
         more = " ..." if len(core.incomplete) > 5 else ""
-        table.add_row("incomplete (open at end)",
-                      f"{len(core.incomplete)}: " + ", ".join(core.incomplete[:5]) + more)
-    table.add_row("rewarded", f"{s['rewarded.0']}" + (f" ({s['reward_errors.0']} reward errors)"
-                                                      if s["reward_errors.0"] else ""))
+        table.add_row(
+            "incomplete (open at end)",
+            f"{len(core.incomplete)}: " + ", ".join(core.incomplete[:5]) + more,
+        )
+    table.add_row(
+        "rewarded",
+        f"{s['rewarded.0']}"
+        + (f" ({s['reward_errors.0']} reward errors)" if s["reward_errors.0"] else ""),
+    )
     dist = Distribution.of([r.reward for _, r in core.scored()])
-    table.add_row("rewards", f"mean {_fmt(dist.mean)}  stdev {_fmt(dist.stdev)}  "
-                             f"p10 {_fmt(dist.p10)}  p50 {_fmt(dist.p50)}  p90 {_fmt(dist.p90)}")
+    table.add_row(
+        "rewards",
+        f"mean {_fmt(dist.mean)}  stdev {_fmt(dist.stdev)}  "
+        f"p10 {_fmt(dist.p10)}  p50 {_fmt(dist.p50)}  p90 {_fmt(dist.p90)}",
+    )
     if s["feedback.unmatched"]:
-        table.add_row("user feedback unmatched", f"{s['feedback.unmatched']} (calls not selected "
-                      "or not closed in the range)")
+        table.add_row(
+            "user feedback unmatched",
+            f"{s['feedback.unmatched']} (calls not selected or not closed in the range)",
+        )
     plan = result.plan
     if plan is not None:
         verb = "would send" if result.dry_run else "sent"
-        table.add_row("Trinity", f"{verb} {len(plan.send) if result.dry_run else result.sent} "
-                      f"feedback(s)" + ("" if result.dry_run else
-                                        f", {result.acked} acknowledged, {result.commits} "
-                                        "commit(s)"))
+        table.add_row(
+            "Trinity",
+            f"{verb} {len(plan.send) if result.dry_run else result.sent} "
+            f"feedback(s)"
+            + (
+                ""
+                if result.dry_run
+                else f", {result.acked} acknowledged, {result.commits} commit(s)"
+            ),
+        )
         if result.uncommitted_before:
-            table.add_row("recovered", f"{result.uncommitted_before} feedback(s) an interrupted "
-                          "run got acknowledged but did not commit: committed now")
+            table.add_row(
+                "recovered",
+                f"{result.uncommitted_before} feedback(s) an interrupted "
+                "run got acknowledged but did not commit: committed now",
+            )
         if plan.skipped:
-            table.add_row("skipped", f"{len(plan.skipped)} already acknowledged under replay "
-                          f"{result.replay_id}: " + ", ".join(plan.skipped[:5])
-                          + (" ..." if len(plan.skipped) > 5 else ""))
+            table.add_row(
+                "skipped",
+                f"{len(plan.skipped)} already acknowledged under replay "
+                f"{result.replay_id}: "
+                + ", ".join(plan.skipped[:5])
+                + (" ..." if len(plan.skipped) > 5 else ""),
+            )
         if plan.unsendable:
             table.add_row("not sendable", f"{len(plan.unsendable)}: {plan.unsendable[0][1]}")
         if result.rejected:
             table.add_row("rejected by Trinity", f"{len(result.rejected)}: {result.rejected[0][1]}")
     for f in result.exports:
         where = f" -> {options.out / f.name}" if options.out and not result.dry_run else ""
-        table.add_row(f.name, f"{len(f.rows)} rows, {f.duplicates_removed} duplicates removed"
-                      + where)
-    if result.redactions:
-        counts = result.redactions["counts"]
-        table.add_row("redactions", ", ".join(f"{k} {v}" for k, v in counts.items()))
+        table.add_row(
+            f.name, f"{len(f.rows)} rows, {f.duplicates_removed} duplicates removed" + where
+        )
+    for where, summary in (result.redactions or {}).items():
+        if summary is not None:
+            table.add_row(
+                f"redactions ({where.replace('_', ' ')})",
+                ", ".join(f"{k} {v}" for k, v in summary["counts"].items()),
+            )
     console.print(table)
     if plan is not None and plan.skipped:
-        console.print(f"skipped {len(plan.skipped)} trajectories already acknowledged under "
-                      f"replay {result.replay_id}")
+        console.print(
+            f"skipped {len(plan.skipped)} trajectories already acknowledged under "
+            f"replay {result.replay_id}"
+        )
     if result.comparison is not None:
-        print_comparison(console, result.comparison, core.rewarders[0].name,
-                         core.rewarders[1].name)
+        print_comparison(console, result.comparison, core.rewarders[0].name, core.rewarders[1].name)
 
 
 def print_comparison(console: Console, c: Comparison, name_a: str, name_b: str) -> None:
     """A and B side by side: distributions, correlation, agreement and disagreements."""
     from rich.table import Table
 
-    table = Table(title=f"A/B of reward functions (threshold {c.threshold:g})",
-                  title_justify="left")
+    table = Table(
+        title=f"A/B of reward functions (threshold {c.threshold:g})", title_justify="left"
+    )
     table.add_column("")
     table.add_column(f"A: {name_a}")
     table.add_column(f"B: {name_b}")
     for key in ("count", "mean", "stdev", "min", "p10", "p50", "p90", "max"):
         va, vb = getattr(c.a, key), getattr(c.b, key)
-        table.add_row(key, str(va) if key == "count" else _fmt(va),
-                      str(vb) if key == "count" else _fmt(vb))
+        table.add_row(
+            key, str(va) if key == "count" else _fmt(va), str(vb) if key == "count" else _fmt(vb)
+        )
     table.add_row(f">= {c.threshold:g}, not by the other", str(len(c.only_a)), str(len(c.only_b)))
     console.print(table)
-    console.print(f"scored by both: {c.both}; Pearson correlation: {_fmt(c.pearson)}; "
-                  f"agreement at {c.threshold:g}: "
-                  + ("-" if c.agreement is None else f"{c.agreement:.1%}"))
+    console.print(
+        f"scored by both: {c.both}; Pearson correlation: {_fmt(c.pearson)}; "
+        f"agreement at {c.threshold:g}: " + ("-" if c.agreement is None else f"{c.agreement:.1%}")
+    )
     for label, calls in (("A", c.only_a), ("B", c.only_b)):
         if calls:
             console.print(f"rewarded by {label} only (first 10): " + ", ".join(calls[:10]))

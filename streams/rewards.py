@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, RewardError
-from .models import CallStatus, FeedbackKind, RewardedTrajectory, StepKind, Trajectory
 from .join import last_model
+from .models import CallStatus, FeedbackKind, RewardedTrajectory, StepKind, Trajectory
 from .plugins import load_object
 
 __all__ = [
@@ -131,7 +131,7 @@ def _as_fn(obj: object, name: str) -> RewardFn:
         obj = obj()
     if not callable(obj):
         raise ConfigError(f"reward function {name!r} is not callable")
-    return obj  # type: ignore[return-value]
+    return obj
 
 
 def _value(result: float | RewardResult) -> float:
@@ -160,7 +160,9 @@ class Rewarder:
             value = _value(result)
             components = dict(result.components) if isinstance(result, RewardResult) else {}
         except Exception as exc:
-            raise RewardError(f"reward function {self.name} raised {type(exc).__name__}: {exc}") from exc
+            raise RewardError(
+                f"reward function {self.name} raised {type(exc).__name__}: {exc}"
+            ) from exc
         bad = [k for k, v in {"reward": value, **components}.items() if not math.isfinite(v)]
         if bad:
             raise RewardError(f"reward function {self.name} returned a non-finite {', '.join(bad)}")

@@ -95,7 +95,9 @@ class TrajstreamProducer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def publish(self, record: AgentCall | Completion | UserFeedback, *, wait: bool = True) -> None:
+    async def publish(
+        self, record: AgentCall | Completion | UserFeedback, *, wait: bool = True
+    ) -> None:
         """Publish one record, keyed by its call_id. ``wait=False`` returns once it is queued."""
         future = await self._producer.send(
             topic_for(record, self.topics),
@@ -172,7 +174,9 @@ class TrajstreamProducer:
         elif preferred_response_id is not None:
             kind = FeedbackKind.PREFERENCE
         else:
-            raise ValueError("feedback needs a rating, thumbs_up, correction or preferred_response_id")
+            raise ValueError(
+                "feedback needs a rating, thumbs_up, correction or preferred_response_id"
+            )
         record = UserFeedback(
             event_id=new_id(),
             call_id=call_id,
@@ -216,7 +220,9 @@ class CallRecorder:
     async def tool(self, tool_name: str, *, output: str = "", **fields: Any) -> Completion:
         """Record one tool execution."""
         fields.setdefault("operation_name", "execute_tool")
-        fields.setdefault("output_messages", [ChatMessage(role="tool", content=output, name=tool_name)])
+        fields.setdefault(
+            "output_messages", [ChatMessage(role="tool", content=output, name=tool_name)]
+        )
         return await self._step(StepKind.TOOL, {"tool_name": tool_name, **fields})
 
     async def _step(self, kind: StepKind, fields: dict[str, Any]) -> Completion:
@@ -233,7 +239,10 @@ class CallRecorder:
         return record
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if exc_type is None:
             status, error = CallStatus.OK, None

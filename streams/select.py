@@ -27,8 +27,8 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from datetime import datetime, timedelta
+from importlib.metadata import entry_points
 from typing import Protocol, runtime_checkable
 
 from .errors import ConfigError
@@ -115,7 +115,9 @@ class SamplingRate:
 
     def decide(self, call: CallView) -> Selection:
         hit = sample_point(call.call_id) < self.rate
-        return Selection(selected=hit, strategy=self.name, reason="sampled" if hit else "not-sampled")
+        return Selection(
+            selected=hit, strategy=self.name, reason="sampled" if hit else "not-sampled"
+        )
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,9 @@ def build_strategy(
             inner = _split_top(spec[len(combinator) : -1])
             if not inner:
                 raise ConfigError(f"selection strategy {spec!r} combines nothing")
-            return cls([build_strategy(s, rate=rate, mark_ttl=mark_ttl, loader=loader) for s in inner])
+            return cls(
+                [build_strategy(s, rate=rate, mark_ttl=mark_ttl, loader=loader) for s in inner]
+            )
     for by in ("agent", "model"):
         opener = f"per-{by}("
         if spec.startswith(opener) and spec.endswith(")"):
@@ -224,9 +228,11 @@ def build_strategy(
             return ExplicitMark(mark_ttl)
         ttl = _number(spec, arg)
         if not (math.isfinite(ttl) and 0 < ttl < 10**9):
-            raise ConfigError(f"selection strategy {spec!r}: the TTL must be a positive number of seconds")
+            raise ConfigError(
+                f"selection strategy {spec!r}: the TTL must be a positive number of seconds"
+            )
         return ExplicitMark(timedelta(seconds=ttl))
-    if "." in head and arg or _is_entry_point(spec):
+    if ("." in head and arg) or _is_entry_point(spec):
         obj = loader(spec)
         strategy = obj() if isinstance(obj, type) else obj
         if not isinstance(strategy, Strategy):

@@ -188,7 +188,7 @@ def _check_env_names(environ: Mapping[str, str]) -> None:
                 raise ConfigError(f"unknown setting {key}: no such setting {'.'.join(path)}")
             annotation = fields[part].annotation
             nested = isinstance(annotation, type) and issubclass(annotation, BaseModel)
-            fields = annotation.model_fields if nested else None  # type: ignore[union-attr]
+            fields = annotation.model_fields if nested else None
 
 
 def _describe(exc: pydantic.ValidationError) -> str:

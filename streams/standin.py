@@ -597,15 +597,17 @@ class StandIn:
     async def _get_counts(self, request: web.Request) -> web.Response:
         """Small and cheap, for polling: how much was received so far."""
         s = self._state
-        return web.json_response({
-            "feedback_requests": len(s.feedback),
-            "feedback_ok": sum(1 for f in s.feedback if f.status == 200),
-            "msg_ids_applied": sum(len(f.applied) for f in s.feedback),
-            "commits": len(s.commits),
-            "trained": len(s.trained),
-            "explore_step": s.explore_step,
-            "last_feedback_at": s.feedback[-1].at if s.feedback else None,
-        })
+        return web.json_response(
+            {
+                "feedback_requests": len(s.feedback),
+                "feedback_ok": sum(1 for f in s.feedback if f.status == 200),
+                "msg_ids_applied": sum(len(f.applied) for f in s.feedback),
+                "commits": len(s.commits),
+                "trained": len(s.trained),
+                "explore_step": s.explore_step,
+                "last_feedback_at": s.feedback[-1].at if s.feedback else None,
+            }
+        )
 
     async def _get_state(self, request: web.Request) -> web.Response:
         return web.json_response(self._state.to_json())

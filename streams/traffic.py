@@ -65,13 +65,17 @@ async def simulate_call(
     steps = llm_steps if llm_steps is not None else rng.randint(1, 3)
     task_id = f"{agent}-task-{rng.randint(1, 20)}" if mark else None
     training_mark = (
-        TrainingMark(labels=["demo", agent], metadata={"source": "demo"}, task_id=task_id,
-                     marked_at=utcnow())
+        TrainingMark(
+            labels=["demo", agent], metadata={"source": "demo"}, task_id=task_id, marked_at=utcnow()
+        )
         if mark
         else None
     )
     sim = SimulatedCall(call_id="", agent=agent, model=model, marked=mark, task_id=task_id)
-    messages = [{"role": "system", "content": f"You are {agent}."}, {"role": "user", "content": question}]
+    messages = [
+        {"role": "system", "content": f"You are {agent}."},
+        {"role": "user", "content": question},
+    ]
     try:
         async with producer.call(
             agent_name=agent,

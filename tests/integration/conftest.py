@@ -152,9 +152,7 @@ def workers(
     request: pytest.FixtureRequest, kafka_bootstrap: str, prefix: str, tmp_path: Path
 ) -> Iterator[Callable[..., WorkerProcess]]:
     """Start worker processes with this test's settings: ``workers(TRAJSTREAM_X="y")``."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
     env.update(
         TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap,
         TRAJSTREAM_KAFKA__TOPIC_PREFIX=prefix,

@@ -17,10 +17,16 @@ from .conftest import REPO_ROOT, read_topic
 pytestmark = pytest.mark.integration
 
 
-def _run(args: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], env: dict[str, str], timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "streams.cli", *args],
-        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -39,21 +45,41 @@ async def test_produce_publishes_a_valid_file_keyed_by_call_id(env, kafka_bootst
     result = _run(["produce", str(REPO_ROOT / "examples" / "events.jsonl")], env)
     assert result.returncode == 0, result.stderr
     assert "published 6 event(s)" in result.stdout
-    events = await read_topic(kafka_bootstrap, f"{prefix}.agent-events", until=lambda r: len(r) >= 5)
-    feedback = await read_topic(kafka_bootstrap, f"{prefix}.user-feedback", until=lambda r: len(r) >= 1)
+    events = await read_topic(
+        kafka_bootstrap, f"{prefix}.agent-events", until=lambda r: len(r) >= 5
+    )
+    feedback = await read_topic(
+        kafka_bootstrap, f"{prefix}.user-feedback", until=lambda r: len(r) >= 1
+    )
     assert [type(e) for e in events] == [AgentCall, Completion, Completion, Completion, AgentCall]
     assert [type(f) for f in feedback] == [UserFeedback]
 
 
-async def test_produce_reports_every_invalid_line_and_publishes_nothing(env, tmp_path, kafka_bootstrap, prefix):
+async def test_produce_reports_every_invalid_line_and_publishes_nothing(
+    env, tmp_path, kafka_bootstrap, prefix
+):
     good = (REPO_ROOT / "examples" / "events.jsonl").read_text().splitlines()
     bad = [
         good[0],
         "{not json",
-        json.dumps({"type": "completion", "event_id": "e", "call_id": "c", "seq": -1,
-                    "event_time": "2026-01-01T00:00:00Z"}),
-        json.dumps({"type": "agent_call", "event_id": "e", "call_id": "c", "phase": "START",
-                    "event_time": "2026-01-01T00:00:00"}),
+        json.dumps(
+            {
+                "type": "completion",
+                "event_id": "e",
+                "call_id": "c",
+                "seq": -1,
+                "event_time": "2026-01-01T00:00:00Z",
+            }
+        ),
+        json.dumps(
+            {
+                "type": "agent_call",
+                "event_id": "e",
+                "call_id": "c",
+                "phase": "START",
+                "event_time": "2026-01-01T00:00:00",
+            }
+        ),
         json.dumps({"type": "gossip"}),
     ]
     path = tmp_path / "bad.jsonl"

@@ -67,7 +67,9 @@ async def _traffic(
         for i in range(start, start + calls):
             out.append(
                 await simulate_call(
-                    producer, trinity, rng,
+                    producer,
+                    trinity,
+                    rng,
                     agent=AGENT_NAMES[i % len(AGENT_NAMES)],
                     fail=i % 4 == 3,
                     llm_steps=llm_steps,
@@ -78,8 +80,9 @@ async def _traffic(
     return out
 
 
-async def _live_traffic(bootstrap: str, prefix: str, standin: StandIn, calls: int, seed: int,
-                        **kw: Any) -> list[SimulatedCall]:
+async def _live_traffic(
+    bootstrap: str, prefix: str, standin: StandIn, calls: int, seed: int, **kw: Any
+) -> list[SimulatedCall]:
     async with TrinityClient(standin.url) as trinity:
         return await _traffic(bootstrap, prefix, trinity, calls, seed, **kw)
 
@@ -118,9 +121,10 @@ async def _settle_and_check(
     state = standin.state
     want = _ids(expected)
     await wait_for(
-        lambda: set(state.trained) >= want, timeout=timeout,
+        lambda: set(state.trained) >= want,
+        timeout=timeout,
         what=f"{len(want)} msg_ids of {len(expected)} calls fed back and committed "
-             f"(trained so far: {len(set(state.trained) & want)})",
+        f"(trained so far: {len(set(state.trained) & want)})",
     )
     # anything the pipeline would still do wrongly (a duplicate commit, an empty commit, a second
     # reward) has a couple of intervals to show up
@@ -148,9 +152,7 @@ async def _settle_and_check(
             applied_at[m] = record.at
     if one_answer_per_call:
         # no fault here makes a second answered /feedback for a call necessary
-        answered = Counter(
-            r.body["msg_ids"][0] for r in state.feedback if r.status == 200
-        )
+        answered = Counter(r.body["msg_ids"][0] for r in state.feedback if r.status == 200)
         assert {k: v for k, v in answered.items() if v != 1} == {}
         assert set(answered) == {s.msg_ids[0] for s in expected}
 
@@ -166,7 +168,8 @@ async def _settle_and_check(
 
     # the commits topic: one record per successful commit, adding up to the acknowledged calls
     records = await read_topic(
-        kafka_bootstrap, f"{prefix}.commits",
+        kafka_bootstrap,
+        f"{prefix}.commits",
         until=lambda rs: len(rs) >= len(ok) and sum(r.feedback_count for r in rs) >= len(expected),
         timeout=30,
     )
@@ -299,9 +302,7 @@ async def test_a_4xx_goes_to_dead_letters_at_once_and_the_rest_flow(
         kafka_bootstrap, prefix, standin, others, interval, not_applied=set(rejected.msg_ids)
     )
     # not retried: the rejected trajectory was sent once
-    assert [r for r in state.feedback if r.body["msg_ids"] == rejected.msg_ids] == [
-        rejected_record
-    ]
+    assert [r for r in state.feedback if r.body["msg_ids"] == rejected.msg_ids] == [rejected_record]
     assert not set(rejected.msg_ids) & set(state.trained)
 
     letters = await _read_all(kafka_bootstrap, f"{prefix}.dead-letters")
@@ -343,15 +344,21 @@ async def test_worker_killed_mid_interval_commits_each_interval_once(
         sims += batch
         batch_ids = _ids(batch)
         await wait_for(
-            lambda: {m for r in state.feedback for m in r.applied} >= batch_ids
-            or math.floor(time.time() / interval) != interval_index,
-            interval, "the batch fed back",
+            lambda: (
+                {m for r in state.feedback for m in r.applied} >= batch_ids
+                or math.floor(time.time() / interval) != interval_index
+            ),
+            interval,
+            "the batch fed back",
         )
         # the acknowledgements reached the ledger
         acks = await read_topic(
-            kafka_bootstrap, f"{prefix}.ledger",
-            until=lambda rs: {m for r in rs if isinstance(r, FeedbackAck)
-                              for m in r.rewarded.msg_ids} >= batch_ids,
+            kafka_bootstrap,
+            f"{prefix}.ledger",
+            until=lambda rs: (
+                {m for r in rs if isinstance(r, FeedbackAck) for m in r.rewarded.msg_ids}
+                >= batch_ids
+            ),
             timeout=max(0.5, interval - time.time() % interval - 1.5),
         )
         acked = {m for r in acks if isinstance(r, FeedbackAck) for m in r.rewarded.msg_ids}
@@ -371,11 +378,14 @@ async def test_worker_killed_mid_interval_commits_each_interval_once(
     assert pending == batch_ids, "acknowledged feedback, not committed yet, when killed"
 
     worker.start()
-    sims += await _live_traffic(
-        kafka_bootstrap, prefix, standin, calls=4, seed=99, start=40
-    )
+    sims += await _live_traffic(kafka_bootstrap, prefix, standin, calls=4, seed=99, start=40)
     records = await _settle_and_check(
-        kafka_bootstrap, prefix, standin, sims, interval, one_answer_per_call=False,
+        kafka_bootstrap,
+        prefix,
+        standin,
+        sims,
+        interval,
+        one_answer_per_call=False,
         timeout=150,
     )
     assert set(state.trained) == _ids(sims)
@@ -401,23 +411,32 @@ def _commit_owner(procs: list[Any]) -> Any | None:
     strict=True,
 )
 async def test_two_workers_one_stopped_mid_traffic(kafka_bootstrap, prefix, standin, workers):
-    interval = 3
+    interval = 6
     env = _worker_env(standin, interval)
     pool = [workers(**env), workers(**env)]
     state = standin.state
 
     traffic = asyncio.create_task(
-        _live_traffic(kafka_bootstrap, prefix, standin, calls=36, seed=66, pause=0.4)
+        _live_traffic(kafka_bootstrap, prefix, standin, calls=40, seed=66, pause=0.4)
     )
     try:
         await wait_for(
-            lambda: any(c.status == 200 for c in state.commits) or traffic.done(), 90,
+            lambda: any(c.status == 200 for c in state.commits) or traffic.done(),
+            90,
             "a first commit",
         )
         assert not traffic.done(), "the traffic ended before the first commit"
-        # stop the worker that owns the ledger: the one that logged the first commit
+        # stop the worker that owns the ledger (the one that logged the first commit) while it
+        # holds acknowledged feedback that the next commit is to carry
         await wait_for(lambda: _commit_owner(pool) is not None, 10, "a worker to log commit 0")
         victim = _commit_owner(pool)
+        first_commit = next(c for c in state.commits if c.status == 200)
+        await wait_for(
+            lambda: sum(bool(r.applied) and r.at > first_commit.at for r in state.feedback) >= 2,
+            interval,
+            "feedback after the first commit",
+        )
+        await asyncio.sleep(0.5)  # its acknowledgement reaches the ledger
         await asyncio.to_thread(victim.stop)
         assert not traffic.done(), "the worker was stopped after the traffic, not during it"
         sims = await traffic
@@ -427,7 +446,12 @@ async def test_two_workers_one_stopped_mid_traffic(kafka_bootstrap, prefix, stan
     survivor = next(w for w in pool if w is not victim)
 
     await _settle_and_check(
-        kafka_bootstrap, prefix, standin, sims, interval, one_answer_per_call=False,
+        kafka_bootstrap,
+        prefix,
+        standin,
+        sims,
+        interval,
+        one_answer_per_call=False,
         timeout=150,
     )
     assert survivor.alive

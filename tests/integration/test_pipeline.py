@@ -33,13 +33,16 @@ async def _traffic(bootstrap: str, prefix: str, standin: StandIn, calls: int, se
     rng = random.Random(seed)
     agents = list(AGENTS)
     out = []
-    async with TrajstreamProducer(bootstrap, topic_prefix=prefix) as producer, TrinityClient(
-        standin.url
-    ) as trinity:
+    async with (
+        TrajstreamProducer(bootstrap, topic_prefix=prefix) as producer,
+        TrinityClient(standin.url) as trinity,
+    ):
         for i in range(calls):
             out.append(
                 await simulate_call(
-                    producer, trinity, rng,
+                    producer,
+                    trinity,
+                    rng,
                     agent=agents[i % len(agents)],
                     mark=i % 7 == 0,
                     fail=i % 5 == 4,
@@ -50,12 +53,12 @@ async def _traffic(bootstrap: str, prefix: str, standin: StandIn, calls: int, se
 
 def _expected(sims):
     sampler = SamplingRate(RATE)
-    return {
-        s.call_id: s for s in sims if s.marked or sample_point(s.call_id) < sampler.rate
-    }
+    return {s.call_id: s for s in sims if s.marked or sample_point(s.call_id) < sampler.rate}
 
 
-async def test_selected_calls_become_feedback_then_a_commit(kafka_bootstrap, prefix, standin, workers):
+async def test_selected_calls_become_feedback_then_a_commit(
+    kafka_bootstrap, prefix, standin, workers
+):
     workers(
         TRAJSTREAM_TRINITY__URL=standin.url,
         TRAJSTREAM_SELECTION__STRATEGY=f"any(marked,sampling:{RATE})",
@@ -69,7 +72,8 @@ async def test_selected_calls_become_feedback_then_a_commit(kafka_bootstrap, pre
     all_expected_ids = {m for s in expected.values() for m in s.msg_ids}
     state = standin.state
     await wait_for(
-        lambda: set(state.trained) >= all_expected_ids, timeout=120,
+        lambda: set(state.trained) >= all_expected_ids,
+        timeout=120,
         what=f"{len(all_expected_ids)} msg_ids fed back and committed",
     )
 
@@ -93,7 +97,8 @@ async def test_selected_calls_become_feedback_then_a_commit(kafka_bootstrap, pre
 
     # the commits topic records what was committed
     records = await read_topic(
-        kafka_bootstrap, f"{prefix}.commits",
+        kafka_bootstrap,
+        f"{prefix}.commits",
         until=lambda rs: sum(r.feedback_count for r in rs) >= len(expected),
     )
     assert all(isinstance(r, CommitRecord) for r in records)
@@ -118,9 +123,14 @@ async def test_selected_calls_become_feedback_then_a_commit(kafka_bootstrap, pre
 
     audit = subprocess.run(
         [sys.executable, "-m", "streams.cli", "audit"],
-        env={**os.environ, "TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
-             "TRAJSTREAM_KAFKA__TOPIC_PREFIX": prefix},
-        capture_output=True, text=True, timeout=120,
+        env={
+            **os.environ,
+            "TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "TRAJSTREAM_KAFKA__TOPIC_PREFIX": prefix,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert audit.returncode == 0, audit.stderr
     assert f"{len(sims)} calls decided" in audit.stdout
@@ -144,9 +154,18 @@ async def test_bad_records_go_to_dead_letters_and_the_worker_keeps_going(
         await producer.send_and_wait(f"{prefix}.agent-events", b"{not avro", key=b"k1")
         await producer.send_and_wait(
             f"{prefix}.agent-events",
-            codec.encode(DeadLetter(reason="x", error_type="x", stage="x", source_topic="x",
-                                    source_partition=0, source_offset=0, payload=b"",
-                                    failed_at=utcnow())),
+            codec.encode(
+                DeadLetter(
+                    reason="x",
+                    error_type="x",
+                    stage="x",
+                    source_topic="x",
+                    source_partition=0,
+                    source_offset=0,
+                    payload=b"",
+                    failed_at=utcnow(),
+                )
+            ),
             key=b"k2",
         )
     finally:
@@ -170,7 +189,9 @@ async def test_bad_records_go_to_dead_letters_and_the_worker_keeps_going(
         assert letter.stage == "assemble"
 
 
-async def test_a_graceful_stop_commits_what_was_acknowledged(kafka_bootstrap, prefix, standin, workers):
+async def test_a_graceful_stop_commits_what_was_acknowledged(
+    kafka_bootstrap, prefix, standin, workers
+):
     worker = workers(
         TRAJSTREAM_TRINITY__URL=standin.url,
         TRAJSTREAM_SELECTION__STRATEGY="sampling:1",
@@ -179,8 +200,11 @@ async def test_a_graceful_stop_commits_what_was_acknowledged(kafka_bootstrap, pr
     sims = await _traffic(kafka_bootstrap, prefix, standin, calls=6, seed=3)
     ids = {m for s in sims for m in s.msg_ids}
     state = standin.state
-    await wait_for(lambda: {m for f in state.feedback for m in f.applied} >= ids, 90,
-                   "every feedback acknowledged")
+    await wait_for(
+        lambda: {m for f in state.feedback for m in f.applied} >= ids,
+        90,
+        "every feedback acknowledged",
+    )
     assert state.commits == []
     await asyncio.to_thread(worker.stop)  # SIGTERM; the in-process stand-in keeps serving
     assert not worker.alive

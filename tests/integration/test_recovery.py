@@ -98,37 +98,65 @@ async def make_calls(
             for seq in range(n_steps):
                 llm = seq == 0 or rng.random() < 0.7
                 common = dict(
-                    event_id=new_id(), call_id=call_id, seq=seq,
+                    event_id=new_id(),
+                    call_id=call_id,
+                    seq=seq,
                     event_time=t0 + timedelta(milliseconds=100 * (seq + 1)),
                 )
                 if llm:
                     reply = await trinity.chat(
-                        {"model": MODEL, "messages": [{"role": "user", "content": f"{question}/{seq}"}]}
+                        {
+                            "model": MODEL,
+                            "messages": [{"role": "user", "content": f"{question}/{seq}"}],
+                        }
                     )
-                    steps.append(Completion(
-                        **common, kind=StepKind.LLM, response_id=reply["id"],
-                        request_model=MODEL, response_model=reply["model"],
-                        output_messages=[ChatMessage(
-                            role="assistant", content=reply["choices"][0]["message"]["content"])],
-                    ))
+                    steps.append(
+                        Completion(
+                            **common,
+                            kind=StepKind.LLM,
+                            response_id=reply["id"],
+                            request_model=MODEL,
+                            response_model=reply["model"],
+                            output_messages=[
+                                ChatMessage(
+                                    role="assistant",
+                                    content=reply["choices"][0]["message"]["content"],
+                                )
+                            ],
+                        )
+                    )
                 else:
-                    steps.append(Completion(
-                        **common, kind=StepKind.TOOL, operation_name="execute_tool",
-                        tool_name="lookup",
-                        output_messages=[ChatMessage(role="tool", content="found", name="lookup")],
-                    ))
+                    steps.append(
+                        Completion(
+                            **common,
+                            kind=StepKind.TOOL,
+                            operation_name="execute_tool",
+                            tool_name="lookup",
+                            output_messages=[
+                                ChatMessage(role="tool", content="found", name="lookup")
+                            ],
+                        )
+                    )
             status = CallStatus.ERROR if i % 5 == 4 else CallStatus.OK
             start = AgentCall(
-                event_id=new_id(), call_id=call_id, phase=CallPhase.START, event_time=t0,
-                agent_name="recovery-bot", agent_id="recovery-bot-1",
+                event_id=new_id(),
+                call_id=call_id,
+                phase=CallPhase.START,
+                event_time=t0,
+                agent_name="recovery-bot",
+                agent_id="recovery-bot-1",
                 input_messages=[ChatMessage(role="user", content=question)],
             )
             end = AgentCall(
-                event_id=new_id(), call_id=call_id, phase=CallPhase.END,
+                event_id=new_id(),
+                call_id=call_id,
+                phase=CallPhase.END,
                 event_time=t0 + timedelta(milliseconds=100 * (n_steps + 1)),
-                agent_name="recovery-bot", agent_id="recovery-bot-1",
+                agent_name="recovery-bot",
+                agent_id="recovery-bot-1",
                 output=None if status is CallStatus.ERROR else f"answer {i}",
-                status=status, error_type="Boom" if status is CallStatus.ERROR else None,
+                status=status,
+                error_type="Boom" if status is CallStatus.ERROR else None,
                 step_count=n_steps,
             )
             calls.append(Call(start, steps, end))
@@ -274,8 +302,11 @@ def assert_feedback_exact(standin: StandIn, calls: list[Call], *, once: bool) ->
 
 async def assert_commits_count_each_call_once(bootstrap: str, prefix: str, n: int) -> None:
     commits = await read_settled(
-        bootstrap, f"{prefix}.commits",
-        done=lambda rs: sum(r.feedback_count for r in rs) >= n, quiet=3.0, timeout=60,
+        bootstrap,
+        f"{prefix}.commits",
+        done=lambda rs: sum(r.feedback_count for r in rs) >= n,
+        quiet=3.0,
+        timeout=60,
     )
     assert all(isinstance(r, CommitRecord) for r in commits)
     assert sum(r.feedback_count for r in commits) == n, [
@@ -286,15 +317,26 @@ async def assert_commits_count_each_call_once(bootstrap: str, prefix: str, n: in
 
 async def dump(bootstrap, prefix, standin, calls, tmp_path):
     from aiokafka.partitioner import murmur2
+
     bodies = ok_feedback(standin)
     missing = [c for c in calls if c.task_id not in bodies]
     print("\nDUMP missing", [c.call_id for c in missing])
     codec = SchemaRegistry.default()
     ids = {c.call_id for c in missing}
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
     await consumer.start()
     try:
-        for topic in [f"{prefix}.agent-events", f"{prefix}-pending-changelog", f"{prefix}-closed-changelog", f"{prefix}.late-events", f"{prefix}.decisions", f"{prefix}.dead-letters", f"{prefix}.trajectories"]:
+        for topic in [
+            f"{prefix}.agent-events",
+            f"{prefix}-pending-changelog",
+            f"{prefix}-closed-changelog",
+            f"{prefix}.late-events",
+            f"{prefix}.decisions",
+            f"{prefix}.dead-letters",
+            f"{prefix}.trajectories",
+        ]:
             consumer.subscribe([topic])
             end = time.monotonic() + 4
             while time.monotonic() < end:
@@ -309,14 +351,36 @@ async def dump(bootstrap, prefix, standin, calls, tmp_path):
                                 if "events" in rec:
                                     desc = (name, [(e["kind"], e["seq"]) for e in rec["events"]])
                                 else:
-                                    desc = (name, {k: rec.get(k) for k in ("phase", "seq", "step_count", "reason", "source_offset", "closed_reason") if k in rec})
+                                    desc = (
+                                        name,
+                                        {
+                                            k: rec.get(k)
+                                            for k in (
+                                                "phase",
+                                                "seq",
+                                                "step_count",
+                                                "reason",
+                                                "source_offset",
+                                                "closed_reason",
+                                            )
+                                            if k in rec
+                                        },
+                                    )
                             print("DUMP", topic, tp.partition, m.offset, m.timestamp, desc)
             consumer.unsubscribe()
     finally:
         await consumer.stop()
     for c in missing:
-        print("DUMP call", c.call_id, "steps", len(c.steps), "partition", (murmur2(c.call_id.encode()) & 0x7FFFFFFF) % 4)
+        print(
+            "DUMP call",
+            c.call_id,
+            "steps",
+            len(c.steps),
+            "partition",
+            (murmur2(c.call_id.encode()) & 0x7FFFFFFF) % 4,
+        )
     import shutil
+
     shutil.copytree(tmp_path, "/tmp/dump-" + prefix, dirs_exist_ok=True)
 
 
@@ -405,8 +469,10 @@ async def test_out_of_order_and_duplicate_events_give_one_trajectory_and_one_fee
     # every call and the trajectories topic has been quiet for a while, they were handled
     await assert_commits_count_each_call_once(kafka_bootstrap, prefix, len(calls))
     trajectories = await read_settled(
-        kafka_bootstrap, f"{prefix}.trajectories",
-        done=lambda rs: len(rs) >= len(calls), quiet=4.0,
+        kafka_bootstrap,
+        f"{prefix}.trajectories",
+        done=lambda rs: len(rs) >= len(calls),
+        quiet=4.0,
     )
     assert_trajectories_exact(trajectories, calls, once=True)
     assert_feedback_exact(standin, calls, once=True)
@@ -443,7 +509,9 @@ def halves_in_table(calls: list[Call], k: dict[str, int]) -> Callable[[dict], bo
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("rep", range(10))
-async def test_open_calls_survive_a_graceful_restart(kafka_bootstrap, prefix, standin, workers, tmp_path, rep):
+async def test_open_calls_survive_a_graceful_restart(
+    kafka_bootstrap, prefix, standin, workers, tmp_path, rep
+):
     rng = random.Random(7)
     calls = await make_calls(standin, 30, rng)
     k = split(calls, rng)
@@ -452,15 +520,16 @@ async def test_open_calls_survive_a_graceful_restart(kafka_bootstrap, prefix, st
         await producer.publish_many(interleave([head(c, k[c.call_id]) for c in calls], rng))
         # the open calls are in the table (its changelog), not merely unread on the topic
         await follow_pending(
-            kafka_bootstrap, prefix, halves_in_table(calls, k), timeout=90,
+            kafka_bootstrap,
+            prefix,
+            halves_in_table(calls, k),
+            timeout=90,
             what="the 30 half-published calls in the pending table",
         )
         await stop(worker)
         assert standin.state.feedback == [], "no call was complete yet"
         worker.start()
-        await producer.publish_many(
-            interleave([tail(c, k[c.call_id], rng) for c in calls], rng)
-        )
+        await producer.publish_many(interleave([tail(c, k[c.call_id], rng) for c in calls], rng))
         try:
             await wait_for(all_fed_back(standin, calls), 60, "feedback for the 30 calls")
         except AssertionError:
@@ -494,7 +563,10 @@ async def test_nothing_is_lost_or_counted_twice_after_a_crash(
     async with TrajstreamProducer(kafka_bootstrap, topic_prefix=prefix) as producer:
         await producer.publish_many(interleave([head(c, k[c.call_id]) for c in calls], rng))
         await follow_pending(
-            kafka_bootstrap, prefix, halves_in_table(calls, k), timeout=90,
+            kafka_bootstrap,
+            prefix,
+            halves_in_table(calls, k),
+            timeout=90,
             what="the 30 half-published calls in the pending table",
         )
         # Trinity answers slowly, so the crash finds trajectories at every stage: some fed

@@ -55,8 +55,15 @@ GRACE = "2"
 async def replay(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     """Run ``trajstream replay ARGS`` as a process, without blocking the stand-in's loop."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "streams.cli", "replay", *args, env=env, cwd=REPO_ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "streams.cli",
+        "replay",
+        *args,
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     async with asyncio.timeout(120):
         out, err = await proc.communicate()
@@ -78,17 +85,24 @@ def env(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> dict[str, str]:
     }
 
 
-async def traffic(bootstrap: str, prefix: str, standin: StandIn, calls: int,
-                  seed: int = 11) -> list[Any]:
+async def traffic(
+    bootstrap: str, prefix: str, standin: StandIn, calls: int, seed: int = 11
+) -> list[Any]:
     rng = random.Random(seed)
     agents = list(AGENTS)
-    async with TrajstreamProducer(bootstrap, topic_prefix=prefix) as producer, TrinityClient(
-        standin.url
-    ) as trinity:
+    async with (
+        TrajstreamProducer(bootstrap, topic_prefix=prefix) as producer,
+        TrinityClient(standin.url) as trinity,
+    ):
         return [
             await simulate_call(
-                producer, trinity, rng, agent=agents[i % len(agents)], mark=i % 6 == 0,
-                fail=i % 5 == 4, rating=float(rng.randint(1, 5)) if i % 2 else None,
+                producer,
+                trinity,
+                rng,
+                agent=agents[i % len(agents)],
+                mark=i % 6 == 0,
+                fail=i % 5 == 4,
+                rating=float(rng.randint(1, 5)) if i % 2 else None,
             )
             for i in range(calls)
         ]
@@ -100,8 +114,11 @@ async def group_state(bootstrap: str, group: str) -> tuple[set[str], dict[Any, i
     try:
         groups = {g[0] for g in await admin.list_consumer_groups()}
         offsets = await admin.list_consumer_group_offsets(group)
-        return groups, {tp: o.offset for tp, o in offsets.items()
-                        if tp.topic.endswith((".agent-events", ".user-feedback"))}
+        return groups, {
+            tp: o.offset
+            for tp, o in offsets.items()
+            if tp.topic.endswith((".agent-events", ".user-feedback"))
+        }
     finally:
         await admin.close()
 
@@ -135,12 +152,21 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
     def in_range(records: list[Any]) -> list[Any]:
         return [r for r in records if r.call_id in {s.call_id for s in sims}]
 
-    live_rewarded = in_range(await read_topic(
-        kafka_bootstrap, f"{prefix}.rewarded", timeout=90,
-        until=lambda rs: len(in_range(rs)) >= len(selected)))
-    live_trajectories = in_range(await read_topic(
-        kafka_bootstrap, f"{prefix}.trajectories",
-        until=lambda rs: len(in_range(rs)) >= len(selected)))
+    live_rewarded = in_range(
+        await read_topic(
+            kafka_bootstrap,
+            f"{prefix}.rewarded",
+            timeout=90,
+            until=lambda rs: len(in_range(rs)) >= len(selected),
+        )
+    )
+    live_trajectories = in_range(
+        await read_topic(
+            kafka_bootstrap,
+            f"{prefix}.trajectories",
+            until=lambda rs: len(in_range(rs)) >= len(selected),
+        )
+    )
     assert {r.call_id for r in live_rewarded} == selected
     assert any(r.reward not in (0.5,) for r in live_rewarded)  # some feedback was attached
     await asyncio.sleep(2)  # the worker's offset commits settle (broker_commit_interval 1 s)
@@ -148,8 +174,19 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
 
     # 1. the same range, strategy and reward: exactly the live trajectories and rewards
     out = tmp_path / "export"
-    code, stdout, stderr = await replay(env, "--since", since, "--strategy", STRATEGY,
-                                        "--reward", REWARD, "--to", "files", "--out", str(out))
+    code, stdout, stderr = await replay(
+        env,
+        "--since",
+        since,
+        "--strategy",
+        STRATEGY,
+        "--reward",
+        REWARD,
+        "--to",
+        "files",
+        "--out",
+        str(out),
+    )
     assert code == 0, stderr
     rows = jsonl(out / "trajectories.jsonl")
     replayed = {r["trajectory"]["call_id"]: r for r in rows}
@@ -173,8 +210,10 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
     assert manifest["strategy"] == f"any(marked(ttl=60s),sampling({RATE:g}))"
     assert manifest["reward"] == {"function": REWARD, "version": "1"}
     assert manifest["source"]["since"] == since
-    assert set(manifest["source"]["topics"]) == {f"{prefix}.agent-events",
-                                                 f"{prefix}.user-feedback"}
+    assert set(manifest["source"]["topics"]) == {
+        f"{prefix}.agent-events",
+        f"{prefix}.user-feedback",
+    }
     assert manifest["counts"]["rewarded"] == len(selected)
     assert manifest["export_schema_version"] == 1
     for name, listing in manifest["files"].items():
@@ -186,25 +225,44 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
 
     # 2. a dry run reports counts and the reward distribution and sends nothing
     fed = len(standin.state.feedback)
-    code, stdout, stderr = await replay(env, "--since", since, "--strategy", "sampling:1",
-                                        "--reward", "streams.rewards:success")
+    code, stdout, stderr = await replay(
+        env, "--since", since, "--strategy", "sampling:1", "--reward", "streams.rewards:success"
+    )
     assert code == 0, stderr
     assert re.search(r"selected[\s│]+30 of 30", stdout), stdout
     assert "dry run" in stdout and "p50" in stdout
     assert len(standin.state.feedback) == fed
 
     # 3. A/B of two reward functions over the same range
-    code, stdout, stderr = await replay(env, "--since", since, "--strategy", "sampling:1",
-                                        "--reward", "streams.rewards:success",
-                                        "--compare-reward", REWARD)
+    code, stdout, stderr = await replay(
+        env,
+        "--since",
+        since,
+        "--strategy",
+        "sampling:1",
+        "--reward",
+        "streams.rewards:success",
+        "--compare-reward",
+        REWARD,
+    )
     assert code == 0, stderr
     assert "A/B of reward functions" in stdout and "Pearson correlation" in stdout
 
     # 4. a backfill under another strategy rewards the calls the live one did not select ...
     env_trinity = {**env, "TRAJSTREAM_TRINITY__URL": standin.url}
     commits = len(standin.state.commits)
-    backfill = ["--since", since, "--strategy", "sampling:1", "--reward",
-                "streams.rewards:success", "--to", "trinity", "--commit-every", "7"]
+    backfill = [
+        "--since",
+        since,
+        "--strategy",
+        "sampling:1",
+        "--reward",
+        "streams.rewards:success",
+        "--to",
+        "trinity",
+        "--commit-every",
+        "7",
+    ]
     code, stdout, stderr = await replay(env_trinity, *backfill)
     assert code == 0, stderr
     sent = standin.state.feedback[fed:]
@@ -215,8 +273,7 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
     assert all(c.status == 200 for c in new_commits)
     assert set(standin.state.trained) >= {m for s in sims for m in s.msg_ids}
     assert re.search(r"sent 30 feedback\(s\), 30 acknowledged, 5 commit\(s\)", stdout), stdout
-    ledger = await read_topic(kafka_bootstrap, f"{prefix}.replayed",
-                              until=lambda rs: len(rs) >= 35)
+    ledger = await read_topic(kafka_bootstrap, f"{prefix}.replayed", until=lambda rs: len(rs) >= 35)
     acks = [r for r in ledger if isinstance(r, FeedbackAck)]
     assert len(acks) == 30
     assert [r.feedback_count for r in ledger if isinstance(r, CommitRecord)] == [7, 7, 7, 7, 2]
@@ -233,8 +290,11 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:
-        await producer.send_and_wait(f"{prefix}.replayed", key=ack_key(rid, "interrupted"),
-                                     value=SchemaRegistry.default().encode(acks[0]))
+        await producer.send_and_wait(
+            f"{prefix}.replayed",
+            key=ack_key(rid, "interrupted"),
+            value=SchemaRegistry.default().encode(acks[0]),
+        )
     finally:
         await producer.stop()
     code, stdout, stderr = await replay(env_trinity, *backfill)
@@ -250,8 +310,13 @@ async def test_redacted_export_and_bad_input(kafka_bootstrap, prefix, env, tmp_p
         for i in range(2):
             async with producer.call(
                 agent_name="support",
-                input_messages=[ChatMessage(role="user", content="I'm bob@example.com, call me "
-                                            "at +44 20 7946 0958. Where is my order?")],
+                input_messages=[
+                    ChatMessage(
+                        role="user",
+                        content="I'm bob@example.com, call me "
+                        "at +44 20 7946 0958. Where is my order?",
+                    )
+                ],
                 mark=TrainingMark(task_id=f"bob@example.com-{i}", marked_at=utcnow()),
             ) as call:
                 await call.completion(
@@ -262,9 +327,20 @@ async def test_redacted_export_and_bad_input(kafka_bootstrap, prefix, env, tmp_p
 
     # a redacted export: nothing personal leaves, and the manifest counts what was replaced
     out = tmp_path / "redacted"
-    code, _, stderr = await replay(env, "--strategy", "marked", "--reward",
-                                   "streams.rewards:success", "--to", "files", "--out",
-                                   str(out), "--redact", "--redact-pattern", r"order\b")
+    code, _, stderr = await replay(
+        env,
+        "--strategy",
+        "marked",
+        "--reward",
+        "streams.rewards:success",
+        "--to",
+        "files",
+        "--out",
+        str(out),
+        "--redact",
+        "--redact-pattern",
+        r"order\b",
+    )
     assert code == 0, stderr
     text = "".join((out / n).read_text() for n in ("trajectories.jsonl", "sft.jsonl"))
     assert "bob@example.com" not in text and "7946" not in text and "sk-abc" not in text
@@ -282,11 +358,19 @@ async def test_redacted_export_and_bad_input(kafka_bootstrap, prefix, env, tmp_p
     blocked.write_text("")
     nowhere = tmp_path / "never"
     cases = [
-        ({"TRAJSTREAM_KAFKA__TOPIC_PREFIX": "no-such-prefix"}, ["--since", "1h"], 2,
-         "unknown topic no-such-prefix.agent-events"),
+        (
+            {"TRAJSTREAM_KAFKA__TOPIC_PREFIX": "no-such-prefix"},
+            ["--since", "1h"],
+            2,
+            "unknown topic no-such-prefix.agent-events",
+        ),
         ({}, ["--since", "2020-01-01", "--until", "2020-01-02"], 1, "no agent events in"),
-        ({}, ["--reward", "no_such_module:fn", "--to", "files", "--out", str(nowhere)], 2,
-         "cannot import 'no_such_module'"),
+        (
+            {},
+            ["--reward", "no_such_module:fn", "--to", "files", "--out", str(nowhere)],
+            2,
+            "cannot import 'no_such_module'",
+        ),
         ({}, ["--to", "files", "--out", str(blocked / "out")], 2, "cannot write the export to"),
         ({}, ["--offsets", "ledger:0:0-10"], 2, "not an input topic"),
         ({}, ["--since", "yesterday"], 2, "bad time 'yesterday'"),

@@ -132,6 +132,8 @@ def test_timestamps_come_back_as_utc_at_millisecond_precision() -> None:
 texts = st.text(max_size=30)
 ids = st.text(min_size=1, max_size=40)
 maybe_text = st.none() | texts
+
+
 def minutes(n: int) -> timedelta:
     return timedelta(minutes=n)
 
@@ -313,8 +315,18 @@ def test_decode_as_the_wrong_model_is_a_decode_error() -> None:
         ({"call_id": ""}, "call_id"),
         ({"event_id": ""}, "event_id"),
         ({"step_count": -1}, "step_count"),
-        ({"mark": {"labels": [], "metadata": {}, "task_id": "x" * 65, "run_id": None,
-                   "marked_at": T0}}, "mark.task_id"),
+        (
+            {
+                "mark": {
+                    "labels": [],
+                    "metadata": {},
+                    "task_id": "x" * 65,
+                    "run_id": None,
+                    "marked_at": T0,
+                }
+            },
+            "mark.task_id",
+        ),
     ],
     ids=["empty-call-id", "empty-event-id", "negative-step-count", "long-task-id"],
 )
@@ -331,8 +343,13 @@ def test_decodable_record_that_breaks_the_model_is_a_validation_error(
 def test_validation_error_message_is_bounded() -> None:
     codec = SchemaRegistry.default()
     record = SAMPLES[Completion].to_avro() | {
-        "event_id": "", "call_id": "", "seq": -1, "input_tokens": -1, "output_tokens": -1,
-        "latency_ms": -1.0, "input_messages": [{"role": "", "content": "", "name": None}],
+        "event_id": "",
+        "call_id": "",
+        "seq": -1,
+        "input_tokens": -1,
+        "output_tokens": -1,
+        "latency_ms": -1.0,
+        "input_messages": [{"role": "", "content": "", "name": None}],
     }
     with pytest.raises(ValidationError, match="and 2 more") as info:
         codec.decode(codec.encode_with(codec.schema_of(Completion), record))
@@ -414,4 +431,3 @@ def test_registry_from_a_directory_of_schemas(tmp_path: Path) -> None:
         (tmp_path / path.name).write_text(path.read_text())
     codec = SchemaRegistry(tmp_path)
     assert codec.decode(SchemaRegistry.default().encode(SAMPLES[AgentCall])) == SAMPLES[AgentCall]
-

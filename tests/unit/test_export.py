@@ -82,8 +82,11 @@ def openai_chat_errors(row: Any) -> list[str]:
 
 def openai_preference_errors(row: Any) -> list[str]:
     """What OpenAI's preference (DPO) fine-tuning would refuse in one row."""
-    if not isinstance(row, dict) or set(row) != {"input", "preferred_output",
-                                                 "non_preferred_output"}:
+    if not isinstance(row, dict) or set(row) != {
+        "input",
+        "preferred_output",
+        "non_preferred_output",
+    }:
         return ["row is not {input, preferred_output, non_preferred_output}"]
     errors = []
     messages = row["input"].get("messages")
@@ -93,8 +96,13 @@ def openai_preference_errors(row: Any) -> list[str]:
         errors.append("input ends with the assistant")
     for side in ("preferred_output", "non_preferred_output"):
         out = row[side]
-        if not (isinstance(out, list) and len(out) == 1 and out[0].get("role") == "assistant"
-                and isinstance(out[0].get("content"), str) and out[0]["content"]):
+        if not (
+            isinstance(out, list)
+            and len(out) == 1
+            and out[0].get("role") == "assistant"
+            and isinstance(out[0].get("content"), str)
+            and out[0]["content"]
+        ):
             errors.append(f"{side} is not one assistant message with content")
     return errors
 
@@ -103,21 +111,34 @@ def openai_preference_errors(row: Any) -> list[str]:
 
 
 def llm(seq: int, text: str, tools: list[str] | None = None, **kw: Any) -> Any:
-    return step(seq=seq, output_messages=[ChatMessage(role="assistant", content=text)],
-                tool_calls=tools or [], **kw)
+    return step(
+        seq=seq,
+        output_messages=[ChatMessage(role="assistant", content=text)],
+        tool_calls=tools or [],
+        **kw,
+    )
 
 
 def tool(seq: int, name: str, output: str) -> Any:
-    return step(seq=seq, kind=StepKind.TOOL, tool_name=name,
-                output_messages=[ChatMessage(role="tool", content=output, name=name)])
+    return step(
+        seq=seq,
+        kind=StepKind.TOOL,
+        tool_name=name,
+        output_messages=[ChatMessage(role="tool", content=output, name=name)],
+    )
 
 
 def agent_run(**kw: Any) -> Trajectory:
     fields: dict[str, Any] = {
-        "input_messages": [ChatMessage(role="system", content="Be brief."),
-                           ChatMessage(role="user", content="Weather in Paris?")],
-        "steps": [llm(0, "Let me look.", ["weather"]), tool(1, "weather", "18C, sunny"),
-                  llm(2, "18C and sunny.")],
+        "input_messages": [
+            ChatMessage(role="system", content="Be brief."),
+            ChatMessage(role="user", content="Weather in Paris?"),
+        ],
+        "steps": [
+            llm(0, "Let me look.", ["weather"]),
+            tool(1, "weather", "18C, sunny"),
+            llm(2, "18C and sunny."),
+        ],
         "output": "18C and sunny.",
     }
     fields.update(kw)
@@ -128,13 +149,24 @@ def test_an_agent_run_becomes_a_valid_conversation() -> None:
     row = sft_row(agent_run())
     assert row is not None
     assert openai_chat_errors(row) == []
-    assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant", "tool",
-                                                    "assistant"]
+    assert [m["role"] for m in row["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     call = row["messages"][2]["tool_calls"][0]
-    assert call == {"id": "call_0_0", "type": "function",
-                    "function": {"name": "weather", "arguments": "{}"}}
-    assert row["messages"][3] == {"role": "tool", "tool_call_id": "call_0_0",
-                                  "content": "18C, sunny"}
+    assert call == {
+        "id": "call_0_0",
+        "type": "function",
+        "function": {"name": "weather", "arguments": "{}"},
+    }
+    assert row["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": "call_0_0",
+        "content": "18C, sunny",
+    }
     assert row["messages"][-1] == {"role": "assistant", "content": "18C and sunny."}
 
 
@@ -150,22 +182,34 @@ def test_recorded_tool_calls_with_arguments_keep_them() -> None:
     assert row is not None and openai_chat_errors(row) == []
     assert row["messages"][2]["content"] is None
     assert row["messages"][2]["tool_calls"][0]["function"] == {
-        "name": "weather", "arguments": '{"city": "Paris"}'}
+        "name": "weather",
+        "arguments": '{"city": "Paris"}',
+    }
 
 
 def test_a_tool_step_no_llm_step_asked_for_gets_a_call() -> None:
     row = sft_row(agent_run(steps=[tool(0, "lookup", "found"), llm(1, "Done.")], output=None))
     assert row is not None and openai_chat_errors(row) == []
-    assert row["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_0_0", "type": "function", "function": {"name": "lookup",
-                                                            "arguments": "{}"}}]}
+    assert row["messages"][2] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_0_0",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": "{}"},
+            }
+        ],
+    }
 
 
 def test_earlier_turns_are_context_with_weight_zero() -> None:
-    history = [ChatMessage(role="user", content="Hi"),
-               ChatMessage(role="assistant", content="Hello!"),
-               ChatMessage(role="tool", content="orphan", name="x"),
-               ChatMessage(role="user", content="Weather?")]
+    history = [
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="assistant", content="Hello!"),
+        ChatMessage(role="tool", content="orphan", name="x"),
+        ChatMessage(role="user", content="Weather?"),
+    ]
     row = sft_row(agent_run(input_messages=history))
     assert row is not None and openai_chat_errors(row) == []
     assert row["messages"][1] == {"role": "assistant", "content": "Hello!", "weight": 0}
@@ -191,16 +235,32 @@ def test_nothing_to_train_on_gives_no_row(traj: Trajectory) -> None:
         {"messages": [{"role": "user", "content": "q"}]},
         {"messages": [{"role": "user", "content": "q"}, {"role": "assistant"}]},
         {"messages": [{"role": "user", "content": "q"}, {"role": "robot", "content": "a"}]},
-        {"messages": [{"role": "user", "content": "q"},
-                      {"role": "tool", "tool_call_id": "x", "content": "r"},
-                      {"role": "assistant", "content": "a"}]},
-        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-         "extra": 1},
-        {"messages": [{"role": "user", "content": "q", "weight": 1},
-                      {"role": "assistant", "content": "a"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "tool", "tool_call_id": "x", "content": "r"},
+                {"role": "assistant", "content": "a"},
+            ]
+        },
+        {
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            "extra": 1,
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "q", "weight": 1},
+                {"role": "assistant", "content": "a"},
+            ]
+        },
     ],
-    ids=["no-assistant", "empty-assistant", "bad-role", "unanswered-tool", "extra-key",
-         "weight-on-user"],
+    ids=[
+        "no-assistant",
+        "empty-assistant",
+        "bad-role",
+        "unanswered-tool",
+        "extra-key",
+        "weight-on-user",
+    ],
 )
 def test_the_sft_model_refuses_what_openai_refuses(row: dict[str, Any]) -> None:
     assert openai_chat_errors(row)
@@ -213,9 +273,14 @@ def test_the_sft_model_refuses_what_openai_refuses(row: dict[str, Any]) -> None:
 
 def two_answers(**kw: Any) -> Trajectory:
     prompt = [ChatMessage(role="user", content="Capital of France?")]
-    return agent_run(steps=[llm(0, "Lyon.", input_messages=prompt, response_id="r-0"),
-                            llm(1, "Paris.", input_messages=prompt, response_id="r-1")],
-                     output="Paris.", **kw)
+    return agent_run(
+        steps=[
+            llm(0, "Lyon.", input_messages=prompt, response_id="r-0"),
+            llm(1, "Paris.", input_messages=prompt, response_id="r-1"),
+        ],
+        output="Paris.",
+        **kw,
+    )
 
 
 def pref(**kw: Any) -> Any:
@@ -223,8 +288,7 @@ def pref(**kw: Any) -> Any:
 
 
 def test_preference_feedback_pairs_the_preferred_response_with_the_named_other() -> None:
-    [pair] = preference_pairs(two_answers(), [pref(preferred_response_id="r-1",
-                                                   response_id="r-0")])
+    [pair] = preference_pairs(two_answers(), [pref(preferred_response_id="r-1", response_id="r-0")])
     assert openai_preference_errors(pair.row) == []
     DpoRow.model_validate(pair.row)
     assert pair.row == {
@@ -243,8 +307,9 @@ def test_preference_without_the_other_pairs_responses_to_the_same_prompt() -> No
 
 
 def test_preference_without_recorded_prompts_uses_the_conversation_so_far() -> None:
-    traj = agent_run(steps=[llm(0, "Lyon.", response_id="r-0"),
-                            llm(1, "Paris.", response_id="r-1")])
+    traj = agent_run(
+        steps=[llm(0, "Lyon.", response_id="r-0"), llm(1, "Paris.", response_id="r-1")]
+    )
     [pair] = preference_pairs(traj, [pref(preferred_response_id="r-1", response_id="r-0")])
     assert openai_preference_errors(pair.row) == []
     assert [m["role"] for m in pair.row["input"]["messages"]] == ["system", "user"]
@@ -265,20 +330,31 @@ def test_no_pair_without_two_distinct_responses(fb: Any) -> None:
 
 
 def scored(call_id: str, output: str, reward: float, prompt: str = "Capital of France?") -> Any:
-    traj = trajectory(call_id, input_messages=[ChatMessage(role="user", content=prompt)],
-                      output=output)
+    traj = trajectory(
+        call_id, input_messages=[ChatMessage(role="user", content=prompt)], output=output
+    )
     return traj, rewarded(call_id, reward)
 
 
 def test_ranking_pairs_best_and_worst_of_a_shared_prompt() -> None:
-    items = [scored("a", "Paris.", 0.9), scored("b", "Lyon.", 0.1), scored("c", "Nice.", 0.5),
-             scored("d", "Berlin.", 1.0, prompt="Capital of Germany?")]
+    items = [
+        scored("a", "Paris.", 0.9),
+        scored("b", "Lyon.", 0.1),
+        scored("c", "Nice.", 0.5),
+        scored("d", "Berlin.", 1.0, prompt="Capital of Germany?"),
+    ]
     [pair] = ranking_pairs(items, margin=0.5)
     assert openai_preference_errors(pair.row) == []
     assert pair.row["preferred_output"][0]["content"] == "Paris."
     assert pair.row["non_preferred_output"][0]["content"] == "Lyon."
-    assert pair.trace == {"source": "ranking", "chosen_call_id": "a", "rejected_call_id": "b",
-                          "chosen_reward": 0.9, "rejected_reward": 0.1, "group_size": 3}
+    assert pair.trace == {
+        "source": "ranking",
+        "chosen_call_id": "a",
+        "rejected_call_id": "b",
+        "chosen_reward": 0.9,
+        "rejected_reward": 0.1,
+        "group_size": 3,
+    }
     assert ranking_pairs(list(reversed(items)), margin=0.5) == [pair]  # order does not matter
 
 
@@ -297,14 +373,20 @@ def test_ranking_makes_no_pair_without_a_clear_preference(items: list[Any], marg
 
 
 def test_the_dpo_model_refuses_what_openai_refuses() -> None:
-    same = {"input": {"messages": [{"role": "user", "content": "q"}]},
-            "preferred_output": [{"role": "assistant", "content": "a"}],
-            "non_preferred_output": [{"role": "assistant", "content": "a"}]}
+    same = {
+        "input": {"messages": [{"role": "user", "content": "q"}]},
+        "preferred_output": [{"role": "assistant", "content": "a"}],
+        "non_preferred_output": [{"role": "assistant", "content": "a"}],
+    }
     with pytest.raises(ValueError):
         DpoRow.model_validate(same)
-    ends_with_answer = {**same, "input": {"messages": [{"role": "user", "content": "q"},
-                                                      {"role": "assistant", "content": "x"}]},
-                        "non_preferred_output": [{"role": "assistant", "content": "b"}]}
+    ends_with_answer = {
+        **same,
+        "input": {
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]
+        },
+        "non_preferred_output": [{"role": "assistant", "content": "b"}],
+    }
     assert openai_preference_errors(ends_with_answer)
     with pytest.raises(ValueError):
         DpoRow.model_validate(ends_with_answer)
@@ -330,22 +412,33 @@ def test_a_trajectory_row_round_trips_to_the_records() -> None:
 
 
 def files() -> list[ExportFile]:
-    return [ExportFile("sft.jsonl", "openai-chat-fine-tuning",
-                       [{"messages": [{"role": "user", "content": "é"}]}], [{"call_id": "c"}], 1),
-            ExportFile("dpo.jsonl", "openai-preference-fine-tuning", [], [])]
+    return [
+        ExportFile(
+            "sft.jsonl",
+            "openai-chat-fine-tuning",
+            [{"messages": [{"role": "user", "content": "é"}]}],
+            [{"call_id": "c"}],
+            1,
+        ),
+        ExportFile("dpo.jsonl", "openai-preference-fine-tuning", [], []),
+    ]
 
 
 def test_write_export_writes_every_file_and_a_manifest_that_traces_them(tmp_path: Path) -> None:
     manifest = write_export(tmp_path, files(), {"replay_id": "r1"})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dpo.jsonl", "manifest.json",
-                                                          "sft.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dpo.jsonl", "manifest.json", "sft.jsonl"]
     on_disk = json.loads((tmp_path / "manifest.json").read_text())
     assert on_disk == manifest
     sft = on_disk["files"]["sft.jsonl"]
     data = (tmp_path / "sft.jsonl").read_bytes()
     assert data.decode() == '{"messages":[{"content":"é","role":"user"}]}\n'
-    assert sft == {"format": "openai-chat-fine-tuning", "rows": 1, "duplicates_removed": 1,
-                   "sha256": hashlib.sha256(data).hexdigest(), "trace": [{"call_id": "c"}]}
+    assert sft == {
+        "format": "openai-chat-fine-tuning",
+        "rows": 1,
+        "duplicates_removed": 1,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "trace": [{"call_id": "c"}],
+    }
     assert (tmp_path / "dpo.jsonl").read_text() == ""
 
 

@@ -55,8 +55,16 @@ def test_same_event_id_twice_is_a_duplicate_and_changes_nothing(event: Any) -> N
     assert add_event(state, event, 100) is Applied.ADDED
     before = state.model_dump()
     assert add_event(state, event, 100) is Applied.DUPLICATE
-    assert add_event(state, event.model_copy(update={"output": "x"} if isinstance(event, AgentCall)
-                                             else {"latency_ms": 1.0}), 100) is Applied.DUPLICATE
+    assert (
+        add_event(
+            state,
+            event.model_copy(
+                update={"output": "x"} if isinstance(event, AgentCall) else {"latency_ms": 1.0}
+            ),
+            100,
+        )
+        is Applied.DUPLICATE
+    )
     assert state.model_dump() == before
     assert state.bytes == 100
 
@@ -114,21 +122,47 @@ ABANDON = LIMITS.abandon_after
         ([step(seq=0), step(seq=1), end(step_count=1)], 10, timedelta(0), "ended"),
         ([start()], 10, ABANDON + timedelta(milliseconds=1), "abandoned: no end event"),
         ([start(), step(seq=0)], 10, timedelta(hours=1), "abandoned: no end event"),
-        ([start(), step(seq=0), end(step_count=3)], 10, ABANDON + timedelta(seconds=1),
-         "abandoned: 1 of 3 steps arrived"),
+        (
+            [start(), step(seq=0), end(step_count=3)],
+            10,
+            ABANDON + timedelta(seconds=1),
+            "abandoned: 1 of 3 steps arrived",
+        ),
         ([start(), *(step(seq=i) for i in range(5))], 10, timedelta(0), None),  # at the limit
-        ([start(), *(step(seq=i) for i in range(6))], 10, timedelta(0),
-         "oversized: more than 5 steps"),
-        ([start(), *(step(seq=i) for i in range(6)), end()], 10, timedelta(0),
-         "oversized: more than 5 steps"),
+        (
+            [start(), *(step(seq=i) for i in range(6))],
+            10,
+            timedelta(0),
+            "oversized: more than 5 steps",
+        ),
+        (
+            [start(), *(step(seq=i) for i in range(6)), end()],
+            10,
+            timedelta(0),
+            "oversized: more than 5 steps",
+        ),
         ([start(), step(seq=0)], 500, timedelta(0), None),  # 1000 bytes: at the limit
         ([start(), step(seq=0), step(seq=1)], 400, timedelta(0), "oversized: more than 1000 bytes"),
     ],
-    ids=["open", "open-at-timeout", "ended", "ended-without-start", "ended-zero-steps",
-         "waiting-for-steps", "ended-all-steps", "ended-steps-after-end", "more-steps-than-said",
-         "abandoned-no-end", "abandoned-no-end-with-steps", "abandoned-missing-steps",
-         "max-steps", "oversized-steps", "oversized-steps-with-end", "max-bytes",
-         "oversized-bytes"],
+    ids=[
+        "open",
+        "open-at-timeout",
+        "ended",
+        "ended-without-start",
+        "ended-zero-steps",
+        "waiting-for-steps",
+        "ended-all-steps",
+        "ended-steps-after-end",
+        "more-steps-than-said",
+        "abandoned-no-end",
+        "abandoned-no-end-with-steps",
+        "abandoned-missing-steps",
+        "max-steps",
+        "oversized-steps",
+        "oversized-steps-with-end",
+        "max-bytes",
+        "oversized-bytes",
+    ],
 )
 def test_closed_reason(
     events: list[Any], size: int, elapsed: timedelta, expected: str | None
@@ -156,7 +190,10 @@ def test_selected_call_becomes_a_trajectory() -> None:
     assert traj.msg_ids == ["r0", "r2"]
     assert [s.seq for s in traj.steps] == [0, 1, 2, 3]
     assert (traj.trajectory_id, traj.call_id, traj.task_id, traj.run_id) == (
-        "call-1", "call-1", "task-42", 7
+        "call-1",
+        "call-1",
+        "task-42",
+        7,
     )
     assert traj.mark == the_mark
     assert traj.selection == selection
@@ -164,7 +201,10 @@ def test_selected_call_becomes_a_trajectory() -> None:
     assert (traj.output, traj.status) == ("Paris.", end().status)
     assert (traj.started_at, traj.ended_at) == (start().event_time, end().event_time)
     assert (traj.agent_id, traj.agent_name, traj.agent_version, traj.conversation_id) == (
-        "agent-7", "researcher", "1.2.0", "conv-1"
+        "agent-7",
+        "researcher",
+        "1.2.0",
+        "conv-1",
     )
     assert traj.closed_reason == "ended"
     assert traj.feedback == []
@@ -316,8 +356,11 @@ def test_call_closes_as_ended_exactly_when_everything_has_arrived(
 ) -> None:
     events, arrivals = case
     the_end = next(e for e in events if isinstance(e, AgentCall) and e.phase.value == "END")
-    needed = {i for i, e in enumerate(events) if isinstance(e, Completion)} if the_end.step_count \
-        is not None else set()
+    needed = (
+        {i for i, e in enumerate(events) if isinstance(e, Completion)}
+        if the_end.step_count is not None
+        else set()
+    )
     needed.add(events.index(the_end))
     state = new_pending("c", T0)
     seen: set[int] = set()

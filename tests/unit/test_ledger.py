@@ -139,8 +139,14 @@ def test_commit_plan_and_record() -> None:
     assert plan is not None
     assert plan.reward_sum == pytest.approx(1.8)
     assert plan == CommitPlan(
-        seq=0, interval_start=at(10), interval_end=at(300), count=3,
-        reward_sum=plan.reward_sum, reward_min=0.2, reward_max=1.0, final=False,
+        seq=0,
+        interval_start=at(10),
+        interval_end=at(300),
+        count=3,
+        reward_sum=plan.reward_sum,
+        reward_min=0.2,
+        reward_max=1.0,
+        final=False,
     )
     record = commit_done(state, plan, '{"status": "ok"}')
     assert (record.commit_seq, record.feedback_count, record.final) == (0, 3, False)
@@ -189,7 +195,10 @@ def test_commit_empty() -> None:
     assert plan is not None and plan.count == 0
     record = commit_done(state, plan, "")
     assert (record.feedback_count, record.reward_mean, record.reward_min, record.reward_max) == (
-        0, None, None, None
+        0,
+        None,
+        None,
+        None,
     )
     assert due_commit(state, at(299), cfg) is None  # one commit per interval
     plan = due_commit(state, at(300), cfg)
@@ -245,7 +254,11 @@ def test_single_value_window_has_zero_stddev() -> None:
     state = with_acks((1, make_ack(0.7, event=3)))
     [summary] = summaries_at(state, 10_000)
     assert (summary.count, summary.mean, summary.stddev, summary.min, summary.max) == (
-        1, 0.7, 0.0, 0.7, 0.7
+        1,
+        0.7,
+        0.0,
+        0.7,
+        0.7,
     )
 
 
@@ -309,9 +322,7 @@ def test_windows_are_per_agent_and_model() -> None:
 
 
 def test_late_acks_are_counted_in_the_next_summary_of_their_agent_and_model() -> None:
-    state = with_acks(
-        (0, make_ack(event=10, agent="a")), (0, make_ack(event=10, agent="b"))
-    )
+    state = with_acks((0, make_ack(event=10, agent="a")), (0, make_ack(event=10, agent="b")))
     assert len(summaries_at(state, 1000)) == 2
     # two late acks for a, one for b: counted in the commit batch, in no window
     for agent in ("a", "a", "b"):
@@ -382,4 +393,3 @@ def test_state_round_trips_through_the_codec_between_acks(steps: list[Any]) -> N
         restarted = codec.decode_as(codec.encode(restarted), LedgerState)
     assert out_restarted == out_kept
     assert restarted == kept
-

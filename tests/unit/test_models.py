@@ -99,8 +99,17 @@ NAIVE = datetime(2026, 1, 1, 12, 0)  # noqa: DTZ001 - the point of the test
         (lambda t: rewarded(event_time=t), "event_time"),
         (lambda t: LedgerState(watermark=t), "watermark"),
     ],
-    ids=["AgentCall", "Completion", "UserFeedback", "TrainingMark", "Tick", "Trajectory.ended_at",
-         "Trajectory.started_at", "RewardedTrajectory", "LedgerState.watermark"],
+    ids=[
+        "AgentCall",
+        "Completion",
+        "UserFeedback",
+        "TrainingMark",
+        "Tick",
+        "Trajectory.ended_at",
+        "Trajectory.started_at",
+        "RewardedTrajectory",
+        "LedgerState.watermark",
+    ],
 )
 @pytest.mark.parametrize("naive", [NAIVE, "2026-01-01T12:00:00"], ids=["datetime", "iso-string"])
 def test_naive_datetimes_are_refused(build: Any, field: str, naive: Any) -> None:
@@ -111,12 +120,16 @@ def test_naive_datetimes_are_refused(build: Any, field: str, naive: Any) -> None
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        (datetime(2026, 1, 1, 0, 0, 0, 123999, tzinfo=UTC),
-         datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC)),
+        (
+            datetime(2026, 1, 1, 0, 0, 0, 123999, tzinfo=UTC),
+            datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC),
+        ),
         (datetime(2026, 1, 1, 0, 0, 0, 999, tzinfo=UTC), T0),
         (datetime(2026, 1, 1, 2, 0, tzinfo=timezone(timedelta(hours=2))), T0),
-        (datetime(2025, 12, 31, 19, 0, 0, 500500, tzinfo=timezone(timedelta(hours=-5))),
-         datetime(2026, 1, 1, 0, 0, 0, 500000, tzinfo=UTC)),
+        (
+            datetime(2025, 12, 31, 19, 0, 0, 500500, tzinfo=timezone(timedelta(hours=-5))),
+            datetime(2026, 1, 1, 0, 0, 0, 500000, tzinfo=UTC),
+        ),
         ("2026-01-01T00:00:00.1239Z", datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC)),
         ("2026-01-01T01:00:00+01:00", T0),
         (1767225600, T0),  # epoch seconds are UTC by definition
@@ -202,8 +215,13 @@ def test_msg_ids_are_llm_response_ids_in_step_order() -> None:
 
 def test_enums_are_parsed_from_their_symbols() -> None:
     call = AgentCall.model_validate(
-        {"event_id": "e", "call_id": "c", "phase": "END", "event_time": "2026-01-01T00:00:00Z",
-         "status": "ERROR"}
+        {
+            "event_id": "e",
+            "call_id": "c",
+            "phase": "END",
+            "event_time": "2026-01-01T00:00:00Z",
+            "status": "ERROR",
+        }
     )
     assert call.phase is CallPhase.END
     assert call.status is CallStatus.ERROR
@@ -217,8 +235,12 @@ def test_enums_are_parsed_from_their_symbols() -> None:
         (lambda: step(output_tokens=2**63), "output_tokens"),
         (lambda: mark(run_id=2**63), "run_id"),
     ],
-    ids=["AgentCall.step_count", "Completion.input_tokens", "Completion.output_tokens",
-         "TrainingMark.run_id"],
+    ids=[
+        "AgentCall.step_count",
+        "Completion.input_tokens",
+        "Completion.output_tokens",
+        "TrainingMark.run_id",
+    ],
 )
 def test_integers_the_model_accepts_fit_the_avro_type(build: Any, field: str) -> None:
     try:
@@ -226,4 +248,3 @@ def test_integers_the_model_accepts_fit_the_avro_type(build: Any, field: str) ->
     except pydantic.ValidationError:
         return  # refused by the model: fine
     SchemaRegistry.default().encode(record)  # accepted: must then be encodable
-

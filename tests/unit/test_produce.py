@@ -26,17 +26,46 @@ def line(obj: Any) -> str:
     return json.dumps(obj)
 
 
-START: dict[str, Any] = {"type": "agent_call", "event_id": "e1", "call_id": "c1", "phase": "START",
-         "event_time": "2026-01-01T00:00:00Z", "agent_name": "researcher",
-         "input_messages": [{"role": "user", "content": "hi"}],
-         "mark": {"marked_at": "2026-01-01T00:00:00Z", "task_id": "t-1", "labels": ["gold"]}}
-STEP = {"type": "completion", "event_id": "e2", "call_id": "c1", "seq": 0, "kind": "TOOL",
-        "event_time": "2026-01-01T01:00:01+01:00", "tool_name": "search", "latency_ms": 12.5}
-END = {"type": "agent_call", "event_id": "e3", "call_id": "c1", "phase": "END",
-       "event_time": "2026-01-01T00:00:03.5Z", "status": "OK", "output": "Paris.",
-       "step_count": 1}
-FEEDBACK = {"type": "user_feedback", "event_id": "e4", "call_id": "c1", "kind": "RATING",
-            "rating": 9, "rating_min": 0, "rating_max": 10, "event_time": "2026-01-01T00:00:10Z"}
+START: dict[str, Any] = {
+    "type": "agent_call",
+    "event_id": "e1",
+    "call_id": "c1",
+    "phase": "START",
+    "event_time": "2026-01-01T00:00:00Z",
+    "agent_name": "researcher",
+    "input_messages": [{"role": "user", "content": "hi"}],
+    "mark": {"marked_at": "2026-01-01T00:00:00Z", "task_id": "t-1", "labels": ["gold"]},
+}
+STEP = {
+    "type": "completion",
+    "event_id": "e2",
+    "call_id": "c1",
+    "seq": 0,
+    "kind": "TOOL",
+    "event_time": "2026-01-01T01:00:01+01:00",
+    "tool_name": "search",
+    "latency_ms": 12.5,
+}
+END = {
+    "type": "agent_call",
+    "event_id": "e3",
+    "call_id": "c1",
+    "phase": "END",
+    "event_time": "2026-01-01T00:00:03.5Z",
+    "status": "OK",
+    "output": "Paris.",
+    "step_count": 1,
+}
+FEEDBACK = {
+    "type": "user_feedback",
+    "event_id": "e4",
+    "call_id": "c1",
+    "kind": "RATING",
+    "rating": 9,
+    "rating_min": 0,
+    "rating_max": 10,
+    "event_time": "2026-01-01T00:00:10Z",
+}
 
 
 def test_valid_lines_of_each_type() -> None:
@@ -56,10 +85,12 @@ def test_valid_lines_of_each_type() -> None:
 
 
 def test_minimal_lines_use_the_defaults() -> None:
-    parsed = parse_lines([
-        '{"type": "completion", "event_id": "e", "call_id": "c", "seq": 3, '
-        '"event_time": "2026-01-01T00:00:00Z"}'
-    ])
+    parsed = parse_lines(
+        [
+            '{"type": "completion", "event_id": "e", "call_id": "c", "seq": 3, '
+            '"event_time": "2026-01-01T00:00:00Z"}'
+        ]
+    )
     [step] = parsed.events
     assert isinstance(step, Completion)
     assert (step.kind, step.operation_name, step.tool_calls) == (StepKind.LLM, "chat", [])
@@ -73,30 +104,63 @@ def test_minimal_lines_use_the_defaults() -> None:
         ("[1, 2]", "not a JSON object"),
         ('"agent_call"', "not a JSON object"),
         ("null", "not a JSON object"),
-        (line({**START, "type": "span"}),
-         "type must be one of agent_call, completion, user_feedback, got 'span'"),
+        (
+            line({**START, "type": "span"}),
+            "type must be one of agent_call, completion, user_feedback, got 'span'",
+        ),
         (line({k: v for k, v in START.items() if k != "type"}), "type must be one of .*got None"),
         (line({**START, "type": 5}), "got 5"),
-        (line({k: v for k, v in START.items() if k != "call_id"}),
-         "invalid agent_call: call_id: Field required"),
-        (line({k: v for k, v in STEP.items() if k != "seq"}),
-         "invalid completion: seq: Field required"),
-        (line({**STEP, "event_time": "2026-01-01T00:00:01"}),
-         "invalid completion: event_time: Value error, timestamp has no timezone"),
-        (line({**START, "mark": {**START["mark"], "marked_at": "2026-01-01T00:00:00"}}),
-         "invalid agent_call: mark.marked_at: Value error, timestamp has no timezone"),
-        (line({**END, "phase": "MIDDLE"}),
-         "invalid agent_call: phase: Input should be 'START' or 'END'"),
-        (line({**END, "colour": "blue"}),
-         "invalid agent_call: colour: Extra inputs are not permitted"),
-        (line({**FEEDBACK, "rating": "NaN"}),
-         "invalid user_feedback: rating: Value error, rating must"),
-        (line({**END, "call_id": ""}),
-         "invalid agent_call: call_id: String should have at least 1"),
+        (
+            line({k: v for k, v in START.items() if k != "call_id"}),
+            "invalid agent_call: call_id: Field required",
+        ),
+        (
+            line({k: v for k, v in STEP.items() if k != "seq"}),
+            "invalid completion: seq: Field required",
+        ),
+        (
+            line({**STEP, "event_time": "2026-01-01T00:00:01"}),
+            "invalid completion: event_time: Value error, timestamp has no timezone",
+        ),
+        (
+            line({**START, "mark": {**START["mark"], "marked_at": "2026-01-01T00:00:00"}}),
+            "invalid agent_call: mark.marked_at: Value error, timestamp has no timezone",
+        ),
+        (
+            line({**END, "phase": "MIDDLE"}),
+            "invalid agent_call: phase: Input should be 'START' or 'END'",
+        ),
+        (
+            line({**END, "colour": "blue"}),
+            "invalid agent_call: colour: Extra inputs are not permitted",
+        ),
+        (
+            line({**FEEDBACK, "rating": "NaN"}),
+            "invalid user_feedback: rating: Value error, rating must",
+        ),
+        (
+            line({**END, "call_id": ""}),
+            "invalid agent_call: call_id: String should have at least 1",
+        ),
     ],
-    ids=["not-json", "cut-json", "array", "string", "null", "unknown-type", "no-type",
-         "type-not-string", "missing-call-id", "missing-seq", "naive-timestamp",
-         "naive-nested-timestamp", "bad-enum", "extra-field", "nan-rating", "empty-call-id"],
+    ids=[
+        "not-json",
+        "cut-json",
+        "array",
+        "string",
+        "null",
+        "unknown-type",
+        "no-type",
+        "type-not-string",
+        "missing-call-id",
+        "missing-seq",
+        "naive-timestamp",
+        "naive-nested-timestamp",
+        "bad-enum",
+        "extra-field",
+        "nan-rating",
+        "empty-call-id",
+    ],
 )
 def test_invalid_lines_carry_the_line_number_and_reason(text: str, reason: str) -> None:
     parsed = parse_lines([line(START), text, line(END)])
@@ -138,10 +202,10 @@ def test_several_problems_in_one_line_are_summarised() -> None:
 
 def test_read_events_from_a_file(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
-    path.write_text("\n".join([line(START), "", line(STEP), "{bad", line(END)]) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        "\n".join([line(START), "", line(STEP), "{bad", line(END)]) + "\n", encoding="utf-8"
+    )
     parsed = read_events(path)
     assert [e.event_id for e in parsed.events] == ["e1", "e2", "e3"]
     assert parsed.errors == [LineError(4, parsed.errors[0].reason)]
     assert parsed.errors[0].reason.startswith("not JSON")
-

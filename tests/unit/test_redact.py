@@ -41,11 +41,17 @@ CAUGHT = [
     ("api_key=0123456789abcdef0123456789abcdef", "api_key=[SECRET]", "secret"),
     ('"token": "c2VjcmV0c2VjcmV0c2VjcmV0"', '"token": "[SECRET]"', "secret"),
     ("ACCESS_TOKEN: 9f86d081884c7d659a2feaa0c55ad015", "ACCESS_TOKEN: [SECRET]", "secret"),
-    ("Authorization: Bearer abcdefghijklmnopqrstuvwxyz123456",
-     "Authorization: Bearer [SECRET]", "secret"),
+    (
+        "Authorization: Bearer abcdefghijklmnopqrstuvwxyz123456",
+        "Authorization: Bearer [SECRET]",
+        "secret",
+    ),
     ("password=hunter2", "password=[SECRET]", "secret"),
-    ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-     "[SECRET]", "secret"),
+    (
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        "[SECRET]",
+        "secret",
+    ),
 ]
 
 
@@ -84,10 +90,13 @@ def test_left_alone(text: str) -> None:
 
 def test_several_kinds_in_one_text_are_counted_per_kind() -> None:
     r = Redactor()
-    text = ("Hi, I'm bob@example.com, +1 415 555 0100 or 020 7946 0958; my key is "
-            "sk-abcdefghijklmnopqrstuvwx and alice@example.org knows it.")
-    assert r.redact(text) == ("Hi, I'm [EMAIL], [PHONE] or [PHONE]; my key is [SECRET] and "
-                              "[EMAIL] knows it.")
+    text = (
+        "Hi, I'm bob@example.com, +1 415 555 0100 or 020 7946 0958; my key is "
+        "sk-abcdefghijklmnopqrstuvwx and alice@example.org knows it."
+    )
+    assert r.redact(text) == (
+        "Hi, I'm [EMAIL], [PHONE] or [PHONE]; my key is [SECRET] and [EMAIL] knows it."
+    )
     assert r.counts == {"email": 2, "phone": 2, "secret": 1}
     assert r.summary()["counts"] == {"custom": 0, "secret": 1, "email": 2, "phone": 2}
     assert r.summary()["total"] == 5
@@ -96,7 +105,8 @@ def test_several_kinds_in_one_text_are_counted_per_kind() -> None:
 def test_user_patterns_come_first_and_are_counted_as_custom() -> None:
     r = Redactor(patterns=[r"ACME-\d+", r"(?i)project\s+falcon"])
     assert r.redact("ticket ACME-1234 for Project Falcon, mail a@b.io") == (
-        "ticket [REDACTED] for [REDACTED], mail [EMAIL]")
+        "ticket [REDACTED] for [REDACTED], mail [EMAIL]"
+    )
     assert r.counts == {"custom": 2, "email": 1}
 
 
@@ -116,8 +126,12 @@ def test_disabled_changes_nothing() -> None:
     assert r.redact("bob@example.com") == "bob@example.com"
     value = {"a": ["bob@example.com"]}
     assert r.redact_obj(value) is value
-    assert r.summary() == {"enabled": False, "patterns": [],
-                           "counts": dict.fromkeys(KINDS, 0), "total": 0}
+    assert r.summary() == {
+        "enabled": False,
+        "patterns": [],
+        "counts": dict.fromkeys(KINDS, 0),
+        "total": 0,
+    }
 
 
 def test_redact_obj_walks_json_and_leaves_ids_and_timestamps() -> None:

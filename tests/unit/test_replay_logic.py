@@ -55,16 +55,24 @@ ALL = SamplingRate(1.0)
 LIMITS = Limits(max_steps=50, max_bytes=1_000_000, abandon_after=timedelta(minutes=10))
 
 
-def rec(event: Any, seconds: float, *, partition: int = 0, offset: int = 0,
-        key: bytes | None = None) -> SourceRecord:
+def rec(
+    event: Any, seconds: float, *, partition: int = 0, offset: int = 0, key: bytes | None = None
+) -> SourceRecord:
     """One Kafka record of ``event``, written ``seconds`` after T0."""
     kind = "feedback" if isinstance(event, UserFeedback) else "event"
-    return SourceRecord(kind, partition, offset, at(seconds),
-                        key if key is not None else event.call_id.encode(), CODEC.encode(event))
+    return SourceRecord(
+        kind,
+        partition,
+        offset,
+        at(seconds),
+        key if key is not None else event.call_id.encode(),
+        CODEC.encode(event),
+    )
 
 
-def call_events(call_id: str, steps: int = 3, *, status: CallStatus = CallStatus.OK,
-                **end_fields: Any) -> list[AgentCall | Completion]:
+def call_events(
+    call_id: str, steps: int = 3, *, status: CallStatus = CallStatus.OK, **end_fields: Any
+) -> list[AgentCall | Completion]:
     events: list[AgentCall | Completion] = [start(call_id)]
     for seq in range(steps):
         kind = StepKind.TOOL if seq % 2 else StepKind.LLM
@@ -73,8 +81,9 @@ def call_events(call_id: str, steps: int = 3, *, status: CallStatus = CallStatus
     return events
 
 
-def records(events: Iterable[Any], *, t: float = 0.0, dt: float = 0.1,
-            partition: int = 0) -> list[SourceRecord]:
+def records(
+    events: Iterable[Any], *, t: float = 0.0, dt: float = 0.1, partition: int = 0
+) -> list[SourceRecord]:
     return [rec(e, t + i * dt, partition=partition, offset=i) for i, e in enumerate(events)]
 
 
@@ -111,8 +120,16 @@ def test_in_order_events_give_the_live_trajectory_and_reward() -> None:
 
 def test_out_of_order_and_duplicate_events_give_the_same_trajectory() -> None:
     events = call_events("c1", steps=4)
-    shuffled = [events[-1], events[3], events[1], events[3], events[0], events[2], events[1],
-                events[4]]  # the END first, steps backwards, duplicates of two steps
+    shuffled = [
+        events[-1],
+        events[3],
+        events[1],
+        events[3],
+        events[0],
+        events[2],
+        events[1],
+        events[4],
+    ]  # the END first, steps backwards, duplicates of two steps
     c = core()
     c.feed_all(records(shuffled))
     c.finish()
@@ -125,9 +142,12 @@ def test_out_of_order_and_duplicate_events_give_the_same_trajectory() -> None:
 
 def test_many_interleaved_calls_across_partitions_match_the_live_logic() -> None:
     rng = random.Random(5)
-    calls = {f"call-{i}": call_events(f"call-{i}", steps=rng.randint(0, 4),
-                                      status=rng.choice(list(CallStatus)))
-             for i in range(40)}
+    calls = {
+        f"call-{i}": call_events(
+            f"call-{i}", steps=rng.randint(0, 4), status=rng.choice(list(CallStatus))
+        )
+        for i in range(40)
+    }
     strategy = build_strategy("sampling:0.5")
     per_partition: dict[int, list[Any]] = {0: [], 1: [], 2: []}
     for i, events in enumerate(calls.values()):
@@ -235,8 +255,9 @@ def test_calls_that_close_before_since_are_context_only() -> None:
     ],
     ids=["garbage", "tick-on-events", "event-on-feedback", "wrong-key", "feedback-no-key"],
 )
-def test_bad_records_are_counted_with_their_reason_never_a_crash(record: SourceRecord,
-                                                                  reason: str) -> None:
+def test_bad_records_are_counted_with_their_reason_never_a_crash(
+    record: SourceRecord, reason: str
+) -> None:
     c = core()
     c.feed(record)
     c.feed_all(records(call_events("c2"), t=1))
@@ -357,8 +378,13 @@ def outcome(call_id: str, *rewards: float | None) -> Outcome:
 
 
 def test_compare_two_reward_functions() -> None:
-    outcomes = [outcome("a", 1.0, 0.9), outcome("b", 0.0, 0.1), outcome("c", 1.0, 0.2),
-                outcome("d", 0.0, 0.8), outcome("e", 1.0, None)]
+    outcomes = [
+        outcome("a", 1.0, 0.9),
+        outcome("b", 0.0, 0.1),
+        outcome("c", 1.0, 0.2),
+        outcome("d", 0.0, 0.8),
+        outcome("e", 1.0, None),
+    ]
     c = compare(outcomes, threshold=0.5)
     assert (c.a.count, c.b.count, c.both) == (5, 4, 4)
     assert c.agreement == 0.5
@@ -385,8 +411,12 @@ def test_replay_id_is_stable_and_names_what_decides_the_feedback() -> None:
 
 
 def test_plan_feedback_skips_what_was_acknowledged_and_what_has_no_msg_ids() -> None:
-    rs = [rewarded("a"), rewarded("b"), rewarded("c", msg_ids=[]),
-          rewarded("d", task_id="ticket:bob@example.com")]
+    rs = [
+        rewarded("a"),
+        rewarded("b"),
+        rewarded("c", msg_ids=[]),
+        rewarded("d", task_id="ticket:bob@example.com"),
+    ]
     plan = plan_feedback(rs, {"b"}, Redactor())
     assert [r.call_id for r in plan.send] == ["a", "d"]
     assert plan.skipped == ["b"]
@@ -427,10 +457,15 @@ def test_commit_pacing_is_validated(every: int | None, interval: float | None) -
 
 def test_build_exports_counts_thresholds_and_duplicates() -> None:
     same_prompt = [ChatMessage(role="user", content="Capital of France? mail me at a@b.io")]
-    good = live_trajectory([*call_events("good", steps=1)[:-1],
-                            end("good", step_count=1, output="Paris.")])
-    bad = live_trajectory([*call_events("bad", steps=1)[:-1],
-                           end("bad", step_count=1, output="Lyon.", status=CallStatus.ERROR)])
+    good = live_trajectory(
+        [*call_events("good", steps=1)[:-1], end("good", step_count=1, output="Paris.")]
+    )
+    bad = live_trajectory(
+        [
+            *call_events("bad", steps=1)[:-1],
+            end("bad", step_count=1, output="Lyon.", status=CallStatus.ERROR),
+        ]
+    )
     good = good.model_copy(update={"input_messages": same_prompt})
     bad = bad.model_copy(update={"input_messages": same_prompt})
     twin = good.model_copy(update={"call_id": "twin", "trajectory_id": "twin"})
@@ -439,8 +474,10 @@ def test_build_exports_counts_thresholds_and_duplicates() -> None:
         r = Rewarder(success)(t)
         outcomes.append(Outcome(t, T0, 0, [r], [None], [[]]))
     redactor = Redactor()
-    files = {f.name: f for f in build_exports(outcomes, min_reward=0.5, dpo_margin=0.5,
-                                               redactor=redactor)}
+    files = {
+        f.name: f
+        for f in build_exports(outcomes, min_reward=0.5, dpo_margin=0.5, redactor=redactor)
+    }
     assert len(files["trajectories.jsonl"].rows) == 3
     sft = files["sft.jsonl"]
     assert len(sft.rows) == 1 and sft.duplicates_removed == 1  # good and twin are the same row
@@ -539,18 +576,31 @@ def test_build_rewarder_names_rewards_like_the_live_pipeline() -> None:
 
 
 def test_preference_feedback_reaches_the_outcome_for_dpo() -> None:
-    steps = [step("c1", 0, response_id="r-a",
-                  output_messages=[ChatMessage(role="assistant", content="A")]),
-             step("c1", 1, response_id="r-b",
-                  output_messages=[ChatMessage(role="assistant", content="B")])]
+    steps = [
+        step(
+            "c1", 0, response_id="r-a", output_messages=[ChatMessage(role="assistant", content="A")]
+        ),
+        step(
+            "c1", 1, response_id="r-b", output_messages=[ChatMessage(role="assistant", content="B")]
+        ),
+    ]
     events = [start("c1"), *steps, end("c1", step_count=2)]
-    pref = feedback("c1", kind=FeedbackKind.PREFERENCE, rating=None,
-                    preferred_response_id="r-b", response_id="r-a")
+    pref = feedback(
+        "c1",
+        kind=FeedbackKind.PREFERENCE,
+        rating=None,
+        preferred_response_id="r-b",
+        response_id="r-a",
+    )
     c = core()
     c.feed_all(records([*events, pref]))
     c.finish()
-    files = {f.name: f for f in build_exports(c.outcomes, min_reward=0.5, dpo_margin=0.5,
-                                               redactor=Redactor(enabled=False))}
+    files = {
+        f.name: f
+        for f in build_exports(
+            c.outcomes, min_reward=0.5, dpo_margin=0.5, redactor=Redactor(enabled=False)
+        )
+    }
     [row] = files["dpo.jsonl"].rows
     assert row["preferred_output"] == [{"role": "assistant", "content": "B"}]
     assert row["non_preferred_output"] == [{"role": "assistant", "content": "A"}]
@@ -572,8 +622,16 @@ def test_rewarded_records_equal_what_the_live_rewarder_makes() -> None:
 def test_read_ledger_finds_acknowledged_and_uncommitted_feedback() -> None:
     from streams.replay import ack_key, commit_key, read_ledger
 
-    keys = [ack_key("r1", "a"), ack_key("other", "x"), ack_key("r1", "b"), commit_key("r1"),
-            ack_key("r1", "c"), None, commit_key("other"), ack_key("r1", "d")]
+    keys = [
+        ack_key("r1", "a"),
+        ack_key("other", "x"),
+        ack_key("r1", "b"),
+        commit_key("r1"),
+        ack_key("r1", "c"),
+        None,
+        commit_key("other"),
+        ack_key("r1", "d"),
+    ]
     assert read_ledger(keys, "r1") == ({"a", "b", "c", "d"}, 2)
     assert read_ledger(keys, "other") == ({"x"}, 0)
     assert read_ledger([], "r1") == (set(), 0)

@@ -66,8 +66,15 @@ def test_success(status: CallStatus | None, expected: float) -> None:
 
 @pytest.mark.parametrize(
     ("output", "target", "expected"),
-    [(None, 400, 0.0), ("", 400, 0.0), ("x" * 100, 400, 0.25), ("x" * 400, 400, 1.0),
-     ("x" * 5000, 400, 1.0), ("abc", 0, 1.0), ("x" * 5, 10, 0.5)],
+    [
+        (None, 400, 0.0),
+        ("", 400, 0.0),
+        ("x" * 100, 400, 0.25),
+        ("x" * 400, 400, 1.0),
+        ("x" * 5000, 400, 1.0),
+        ("abc", 0, 1.0),
+        ("x" * 5, 10, 0.5),
+    ],
 )
 def test_answer_length(output: str | None, target: int, expected: float) -> None:
     assert answer_length(trajectory(output=output), target=target) == expected
@@ -93,9 +100,13 @@ def test_tool_calls(steps: list[Any], budget: int, expected: float) -> None:
 
 @pytest.mark.parametrize(
     ("duration", "target", "expected"),
-    [(timedelta(0), 10.0, 1.0), (timedelta(seconds=10), 10.0, 0.5),
-     (timedelta(seconds=30), 10.0, 0.25), (timedelta(seconds=-5), 10.0, 1.0),
-     (timedelta(seconds=3), 0.0, 0.0)],
+    [
+        (timedelta(0), 10.0, 1.0),
+        (timedelta(seconds=10), 10.0, 0.5),
+        (timedelta(seconds=30), 10.0, 0.25),
+        (timedelta(seconds=-5), 10.0, 1.0),
+        (timedelta(seconds=3), 0.0, 0.0),
+    ],
     ids=["instant", "at-target", "3x-target", "clock-skew", "zero-target"],
 )
 def test_latency_efficiency(duration: timedelta, target: float, expected: float) -> None:
@@ -134,9 +145,24 @@ def fb(kind: FeedbackKind, **kw: Any) -> Any:
         ([fb(R, rating=3.0, rating_min=5.0, rating_max=5.0)], 0.5),  # empty scale is ignored
         ([fb(FeedbackKind.CORRECTION, correction="x"), fb(FeedbackKind.PREFERENCE)], 0.5),
     ],
-    ids=["none", "top", "bottom", "four-of-five", "seven-of-ten", "unit-scale", "negative-scale",
-         "above-max", "below-min", "thumbs-up", "thumbs-down", "mixed", "rating-null",
-         "thumbs-null", "empty-scale", "not-judgements"],
+    ids=[
+        "none",
+        "top",
+        "bottom",
+        "four-of-five",
+        "seven-of-ten",
+        "unit-scale",
+        "negative-scale",
+        "above-max",
+        "below-min",
+        "thumbs-up",
+        "thumbs-down",
+        "mixed",
+        "rating-null",
+        "thumbs-null",
+        "empty-scale",
+        "not-judgements",
+    ],
 )
 def test_user_rating(feedbacks: list[Any], expected: float) -> None:
     assert user_rating(trajectory(feedback=feedbacks)) == pytest.approx(expected)
@@ -153,9 +179,13 @@ def test_user_rating_wants_feedback() -> None:
 )
 @pytest.mark.parametrize(
     "traj",
-    [trajectory(), trajectory(status=CallStatus.ERROR, output=None, steps=[], started_at=None),
-     trajectory(ended_at=T0 + timedelta(days=1), output="x" * 10_000,
-                feedback=[fb(TH, thumbs_up=True)])],
+    [
+        trajectory(),
+        trajectory(status=CallStatus.ERROR, output=None, steps=[], started_at=None),
+        trajectory(
+            ended_at=T0 + timedelta(days=1), output="x" * 10_000, feedback=[fb(TH, thumbs_up=True)]
+        ),
+    ],
     ids=["typical", "empty", "extreme"],
 )
 def test_built_ins_are_in_the_unit_interval(fn: Any, traj: Trajectory) -> None:
@@ -167,8 +197,11 @@ def test_built_ins_are_in_the_unit_interval(fn: Any, traj: Trajectory) -> None:
 
 def test_composite_normalises_weights_and_names_components() -> None:
     composite = Composite(
-        {"streams.rewards:success": 2.0, "streams.rewards:answer_length": 1.0,
-         "streams.rewards:user_rating": 1.0}
+        {
+            "streams.rewards:success": 2.0,
+            "streams.rewards:answer_length": 1.0,
+            "streams.rewards:user_rating": 1.0,
+        }
     )
     assert [w for _, _, w in composite.parts] == [0.5, 0.25, 0.25]
     result = composite(trajectory(output="x" * 200, status=CallStatus.OK))
@@ -196,11 +229,14 @@ def test_composite_uses_the_loader_seam() -> None:
 
 @pytest.mark.parametrize(
     ("weights", "match"),
-    [({}, "empty"), ({"streams.rewards:success": 0.0}, "sum to more than 0"),
-     ({"streams.rewards:success": 1.0, "streams.rewards:answer_length": -0.5}, "non-negative"),
-     ({"streams.rewards:nope": 1.0}, "has no attribute 'nope'"),
-     ({"streams.rewards:RECENT": 1.0}, "has no attribute"),
-     ({"streams.rewards:__doc__": 1.0}, "not callable")],
+    [
+        ({}, "empty"),
+        ({"streams.rewards:success": 0.0}, "sum to more than 0"),
+        ({"streams.rewards:success": 1.0, "streams.rewards:answer_length": -0.5}, "non-negative"),
+        ({"streams.rewards:nope": 1.0}, "has no attribute 'nope'"),
+        ({"streams.rewards:RECENT": 1.0}, "has no attribute"),
+        ({"streams.rewards:__doc__": 1.0}, "not callable"),
+    ],
     ids=["empty", "zero-sum", "negative", "unknown", "missing", "not-callable"],
 )
 def test_composite_refuses_bad_weights(weights: dict[str, float], match: str) -> None:
@@ -223,13 +259,18 @@ def test_rewarder_builds_the_rewarded_record() -> None:
     traj = trajectory(
         mark=the_mark,
         run_id=2,
-        steps=[step(seq=0, response_id="r0", response_model="m-early"),
-               step(seq=1, response_id="r1", response_model=None, request_model="m-last"),
-               step(seq=2, kind=StepKind.TOOL)],
+        steps=[
+            step(seq=0, response_id="r0", response_model="m-early"),
+            step(seq=1, response_id="r1", response_model=None, request_model="m-last"),
+            step(seq=2, kind=StepKind.TOOL),
+        ],
     )
     out = Rewarder(rewards.success)(traj)
     assert (out.trajectory_id, out.call_id, out.task_id, out.run_id) == (
-        traj.trajectory_id, traj.call_id, traj.task_id, 2
+        traj.trajectory_id,
+        traj.call_id,
+        traj.task_id,
+        2,
     )
     assert out.msg_ids == ["r0", "r1"]
     assert (out.reward, out.components) == (1.0, {})
@@ -242,7 +283,11 @@ def test_rewarder_builds_the_rewarded_record() -> None:
 def test_rewarder_failed_call_without_mark() -> None:
     out = Rewarder(rewards.success)(trajectory(status=CallStatus.ERROR, steps=[]))
     assert (out.reward, out.succeeded, out.model, out.labels, out.metadata) == (
-        0.0, False, None, [], {}
+        0.0,
+        False,
+        None,
+        [],
+        {},
     )
 
 

@@ -94,9 +94,7 @@ def test_sampling_rate_out_of_range_is_a_config_error(rate: float) -> None:
 
 N_IDS = 20_000
 _rng = random.Random(20260101)
-POINTS = [
-    sample_point(f"call-{_rng.getrandbits(64):016x}-{i}") for i in range(N_IDS)
-]
+POINTS = [sample_point(f"call-{_rng.getrandbits(64):016x}-{i}") for i in range(N_IDS)]
 
 
 @pytest.mark.parametrize("p", [0.01, 0.1, 0.5])
@@ -132,8 +130,18 @@ ENDED = T0 + timedelta(seconds=100)
         (timedelta(seconds=-5, milliseconds=-1), (False, "mark-from-future")),
         (timedelta(hours=-1), (False, "mark-from-future")),
     ],
-    ids=["unmarked", "fresh", "30s", "at-ttl", "ttl+1ms", "5h", "future-3s", "future-at-skew",
-         "future-skew+1ms", "future-1h"],
+    ids=[
+        "unmarked",
+        "fresh",
+        "30s",
+        "at-ttl",
+        "ttl+1ms",
+        "5h",
+        "future-3s",
+        "future-at-skew",
+        "future-skew+1ms",
+        "future-1h",
+    ],
 )
 def test_explicit_mark(mark_age: timedelta | None, expected: tuple[bool, str]) -> None:
     the_mark = None if mark_age is None else mark(marked_at=ENDED - mark_age)
@@ -202,7 +210,9 @@ def test_all_of_everything_selected_joins_the_reasons() -> None:
 )
 def test_per_key(by: str, agent: str | None, model: str | None, expected: str) -> None:
     strategies = {
-        "researcher": Fixed("r", True), "coder": Fixed("c", True), "qwen": Fixed("q", True)
+        "researcher": Fixed("r", True),
+        "coder": Fixed("c", True),
+        "qwen": Fixed("q", True),
     }
     strategy = PerKey(by, strategies, Fixed("default", False))
     call = CallView("c", start("c", agent_name=agent), end("c", agent_name=agent), model)
@@ -235,10 +245,18 @@ def test_call_view_agent_name_falls_back_to_the_start() -> None:
         ("any(marked,sampling:0.1)", {}, AnyOf, "any(marked(ttl=60s),sampling(0.1))"),
         ("any( marked , sampling )", {"rate": 0.2}, AnyOf, "any(marked(ttl=60s),sampling(0.2))"),
         ("all(marked,sampling:1)", {}, AllOf, "all(marked(ttl=60s),sampling(1))"),
-        ("any(all(marked:30,sampling:0.5),sampling:0.01)", {}, AnyOf,
-         "any(all(marked(ttl=30s),sampling(0.5)),sampling(0.01))"),
-        ("all(any(marked,sampling),any(sampling:0.5))", {}, AllOf,
-         "all(any(marked(ttl=60s),sampling(0.1)),any(sampling(0.5)))"),
+        (
+            "any(all(marked:30,sampling:0.5),sampling:0.01)",
+            {},
+            AnyOf,
+            "any(all(marked(ttl=30s),sampling(0.5)),sampling(0.01))",
+        ),
+        (
+            "all(any(marked,sampling),any(sampling:0.5))",
+            {},
+            AllOf,
+            "all(any(marked(ttl=60s),sampling(0.1)),any(sampling(0.5)))",
+        ),
         ("any(marked,tests.unit.test_select:MyStrategy)", {}, AnyOf, "any(marked(ttl=60s),mine)"),
     ],
 )

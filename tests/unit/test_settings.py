@@ -68,17 +68,33 @@ def test_defaults(dotted: str, value: Any) -> None:
         ("TRAJSTREAM_LOG_LEVEL", "debug", "log_level", "debug"),
         ("TRAJSTREAM_APP_ID", "prod-1", "app_id", "prod-1"),
         ("TRAJSTREAM_KAFKA__PARTITIONS", "12", "kafka.partitions", 12),
-        ("TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS", "k1:9092,k2:9092", "bootstrap_servers",
-         "k1:9092,k2:9092"),
+        (
+            "TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS",
+            "k1:9092,k2:9092",
+            "bootstrap_servers",
+            "k1:9092,k2:9092",
+        ),
         ("TRAJSTREAM_COMMIT__INTERVAL_S", "60", "commit.interval_s", 60.0),
         ("TRAJSTREAM_COMMIT__COMMIT_EMPTY", "true", "commit.commit_empty", True),
         ("TRAJSTREAM_SELECTION__RATE", "0.25", "selection.rate", 0.25),
-        ("TRAJSTREAM_SELECTION__STRATEGY", "any(marked:30,sampling:0.2)", "selection.strategy",
-         "any(marked:30,sampling:0.2)"),
-        ("TRAJSTREAM_REWARD__WEIGHTS", '{"streams.rewards:success": 2}', "reward.weights",
-         {"streams.rewards:success": 2.0}),
-        ("TRAJSTREAM_TRINITY__URL", "https://trinity.example:443", "trinity.url",
-         "https://trinity.example:443"),
+        (
+            "TRAJSTREAM_SELECTION__STRATEGY",
+            "any(marked:30,sampling:0.2)",
+            "selection.strategy",
+            "any(marked:30,sampling:0.2)",
+        ),
+        (
+            "TRAJSTREAM_REWARD__WEIGHTS",
+            '{"streams.rewards:success": 2}',
+            "reward.weights",
+            {"streams.rewards:success": 2.0},
+        ),
+        (
+            "TRAJSTREAM_TRINITY__URL",
+            "https://trinity.example:443",
+            "trinity.url",
+            "https://trinity.example:443",
+        ),
     ],
 )
 def test_environment_overrides(
@@ -110,7 +126,9 @@ def test_home_is_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     ],
 )
 def test_kafka_bootstrap_servers_is_honoured(
-    monkeypatch: pytest.MonkeyPatch, kafka_env: str | None, own_env: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    kafka_env: str | None,
+    own_env: str | None,
     expected: str | None,
 ) -> None:
     if kafka_env is not None:
@@ -162,8 +180,10 @@ FROM_FILE = {
 }
 
 
-@pytest.fixture(params=[("settings.toml", TOML), ("settings.yaml", YAML), ("settings.yml", YAML)],
-                ids=["toml", "yaml", "yml"])
+@pytest.fixture(
+    params=[("settings.toml", TOML), ("settings.yaml", YAML), ("settings.yml", YAML)],
+    ids=["toml", "yaml", "yml"],
+)
 def config_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     name, text = request.param
     path: Path = tmp_path / name
@@ -202,10 +222,14 @@ def test_a_later_load_without_a_file_forgets_it(config_file: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("[kafka]\npartitions = 0\n",
-         r"bad setting kafka\.partitions \[TRAJSTREAM_KAFKA__PARTITIONS\]"),
-        ("[selection]\nrate = 1.5\n",
-         r"bad setting selection\.rate \[TRAJSTREAM_SELECTION__RATE\]"),
+        (
+            "[kafka]\npartitions = 0\n",
+            r"bad setting kafka\.partitions \[TRAJSTREAM_KAFKA__PARTITIONS\]",
+        ),
+        (
+            "[selection]\nrate = 1.5\n",
+            r"bad setting selection\.rate \[TRAJSTREAM_SELECTION__RATE\]",
+        ),
         ("colour = 'blue'\n", r"bad setting colour \[TRAJSTREAM_COLOUR\]: Extra inputs"),
     ],
 )
@@ -309,9 +333,7 @@ def test_every_bad_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "selection.rate" in str(info.value) and "kafka.partitions" in str(info.value)
 
 
-@pytest.mark.parametrize(
-    "spec", ["bogus", "sampling:abc", "any()", "no.such.module:Strategy"]
-)
+@pytest.mark.parametrize("spec", ["bogus", "sampling:abc", "any()", "no.such.module:Strategy"])
 def test_strategy_spelling_is_not_validated_here(
     monkeypatch: pytest.MonkeyPatch, spec: str
 ) -> None:
