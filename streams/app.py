@@ -45,6 +45,7 @@ from .errors import (
     TrinityUnavailable,
     ValidationError,
 )
+from .faustfix import seek_before_resume
 from .join import Applied, Deadlines, Limits, Progress, close, closed_reason, view_of
 from .ledger import (
     CommitPlan,
@@ -157,6 +158,7 @@ class Pipeline:
     # -- the Faust application ---------------------------------------------------------------
 
     def _build(self, bootstrap: str) -> faust.App:
+        seek_before_resume()
         s, t = self.settings, self.topics
         n = s.kafka.partitions
         app = faust.App(
@@ -679,10 +681,25 @@ class Pipeline:
         stored (and flushed to the changelog) first, so a crash between sending and recording
         is resolved from the explore step instead of committing twice."""
         try:
-            plan.step_before = _explore_step(await self.trinity.metrics())
+            metrics = await self.trinity.metrics()
         except TrinityError as exc:
             log.warning("commit %d postponed: %s", plan.seq, exc)
             self.stats["commit.failures"] += 1
+            return
+        plan.step_before = _explore_step(metrics)
+        plan.ready_before = _metric(metrics, READY)
+        if (
+            plan.ready_before is not None
+            and state.ready_at_last_commit is not None
+            and plan.ready_before <= state.ready_at_last_commit
+        ):
+            # Trinity has nothing ready: the previous commit already drained these feedbacks
+            # (Trinity acknowledged them before their acknowledgements reached the ledger).
+            # A commit now would drain nothing and still advance the explore step.
+            await self._commit_recorded(
+                state, plan, json.dumps({"not_sent": "nothing ready at Trinity"}), sent=False,
+                experiences=0,
+            )
             return
         state.pending_commit = plan
         self._save_ledger(state)
@@ -697,7 +714,12 @@ class Pipeline:
             log.warning("commit %d failed: %s; will retry", plan.seq, exc)
             self.stats["commit.failures"] += 1
             return
-        await self._commit_recorded(state, plan, json.dumps(answer, sort_keys=True))
+        experiences = None
+        if plan.ready_before is not None and state.ready_at_last_commit is not None:
+            experiences = plan.ready_before - state.ready_at_last_commit
+        await self._commit_recorded(
+            state, plan, json.dumps(answer, sort_keys=True), experiences=experiences
+        )
 
     async def _resolve_commit(self, state: LedgerState) -> None:
         """A commit was in flight when the ledger last stopped (or failed): was it applied?"""
@@ -722,10 +744,23 @@ class Pipeline:
             plan.step_before = step
             await self._send_commit(state, plan)
 
-    async def _commit_recorded(self, state: LedgerState, plan: CommitPlan, answer: str) -> None:
-        record = commit_done(state, plan, answer)
-        self.stats["commits"] += 1
-        log.info("commit %d: %d feedbacks", record.commit_seq, record.feedback_count)
+    async def _commit_recorded(
+        self,
+        state: LedgerState,
+        plan: CommitPlan,
+        answer: str,
+        *,
+        sent: bool = True,
+        experiences: int | None = None,
+    ) -> None:
+        record = commit_done(state, plan, answer, sent=sent, experiences=experiences)
+        self.stats["commits" if sent else "commits.not_sent"] += 1
+        log.info(
+            "commit %d%s: %d feedbacks",
+            record.commit_seq,
+            "" if sent else " (not sent: nothing ready at Trinity)",
+            record.feedback_count,
+        )
         await self.t_commits.send(
             key=str(record.commit_seq).encode(), value=self.codec.encode(record)
         )
@@ -749,9 +784,16 @@ class Pipeline:
                 log.exception("final commit failed")
 
 
+READY = "rollout/ready_experience_count"
+
+
 def _explore_step(metrics: dict[str, Any]) -> int | None:
-    value = metrics.get("explore_step_num")
-    return int(value) if isinstance(value, int | float) else None
+    return _metric(metrics, "explore_step_num")
+
+
+def _metric(metrics: dict[str, Any], name: str) -> int | None:
+    value = metrics.get(name)
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _where(event: Any) -> str:

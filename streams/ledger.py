@@ -218,7 +218,12 @@ def due_commit(
         return None
     count = state.batch_count
     if final:
+        # a stop commits what was acknowledged, but not twice in one interval: another
+        # worker takes the ledger over and commits the batch when the interval ends
         if count == 0:
+            return None
+        last = state.last_commit
+        if last is not None and _interval_index(now, cfg.interval) == _interval_index(last, cfg.interval):
             return None
     else:
         anchor = state.batch_start if count else (state.last_commit or None)
@@ -243,7 +248,14 @@ def due_commit(
     )
 
 
-def commit_done(state: LedgerState, plan: CommitPlan, response: str) -> CommitRecord:
+def commit_done(
+    state: LedgerState,
+    plan: CommitPlan,
+    response: str,
+    *,
+    sent: bool = True,
+    experiences: int | None = None,
+) -> CommitRecord:
     """Record that Trinity acknowledged ``plan``'s commit; starts the next batch.
 
     Acknowledgements applied while the commit was in flight (Trinity unreachable, say) stay in
@@ -259,6 +271,8 @@ def commit_done(state: LedgerState, plan: CommitPlan, response: str) -> CommitRe
     else:
         state.batch_start = plan.interval_end
     state.last_commit = plan.interval_end
+    if sent and plan.ready_before is not None:
+        state.ready_at_last_commit = plan.ready_before
     return CommitRecord(
         commit_seq=plan.seq,
         interval_start=plan.interval_start,
@@ -269,4 +283,6 @@ def commit_done(state: LedgerState, plan: CommitPlan, response: str) -> CommitRe
         reward_max=plan.reward_max if n else None,
         trinity_response=response,
         final=plan.final,
+        sent=sent,
+        experiences=experiences,
     )

@@ -293,6 +293,8 @@ class CommitRecord(AvroModel):
     reward_max: float | None = None
     trinity_response: str = ""
     final: bool = False
+    sent: bool = True
+    experiences: int | None = None
 
 
 class DeadLetter(AvroModel):
@@ -372,6 +374,7 @@ class PendingCommit(AvroModel):
     reward_min: float
     reward_max: float
     final: bool = False
+    ready_before: int | None = None
 
 
 class LedgerState(AvroModel):
@@ -392,6 +395,7 @@ class LedgerState(AvroModel):
     applied_offset: int = -1
     pending_commit: PendingCommit | None = None
     trailing: dict[str, list[float]] = Field(default_factory=dict)
+    ready_at_last_commit: int | None = None
 
 
 class SelectionDecision(AvroModel):

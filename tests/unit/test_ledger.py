@@ -393,3 +393,36 @@ def test_state_round_trips_through_the_codec_between_acks(steps: list[Any]) -> N
         restarted = codec.decode_as(codec.encode(restarted), LedgerState)
     assert out_restarted == out_kept
     assert restarted == kept
+
+
+def test_a_final_commit_is_not_a_second_commit_in_one_interval() -> None:
+    state = with_acks((1, make_ack(event=1)))
+    plan = due_commit(state, at(301), CFG)
+    assert plan is not None
+    commit_done(state, plan, "{}")
+    apply_ack(state, make_ack(event=302, tid="late-one"), at(302), CFG)
+    # a stop in the interval that already had a commit leaves the batch to the next owner
+    assert due_commit(state, at(303), CFG, final=True) is None
+    final = due_commit(state, at(601), CFG, final=True)
+    assert final is not None and final.count == 1 and final.final
+
+
+def test_a_batch_that_was_not_sent_is_recorded_and_reset() -> None:
+    state = with_acks((1, make_ack(event=1)))
+    plan = due_commit(state, at(301), CFG)
+    assert plan is not None
+    plan.ready_before = 7
+    record = commit_done(state, plan, '{"not_sent": "x"}', sent=False, experiences=0)
+    assert not record.sent and record.experiences == 0 and record.feedback_count == 1
+    assert state.batch_count == 0 and state.next_seq == plan.seq + 1
+    assert state.ready_at_last_commit is None  # only a sent commit moves the mark
+
+
+def test_a_sent_commit_remembers_trinitys_ready_count() -> None:
+    state = with_acks((1, make_ack(event=1)))
+    plan = due_commit(state, at(301), CFG)
+    assert plan is not None
+    plan.ready_before = 12
+    record = commit_done(state, plan, "{}", experiences=5)
+    assert record.sent and record.experiences == 5
+    assert state.ready_at_last_commit == 12
