@@ -45,7 +45,6 @@ from .errors import (
     TrinityUnavailable,
     ValidationError,
 )
-from .faustfix import seek_before_resume
 from .join import Applied, Deadlines, Limits, Progress, close, closed_reason, view_of
 from .ledger import (
     CommitPlan,
@@ -158,7 +157,6 @@ class Pipeline:
     # -- the Faust application ---------------------------------------------------------------
 
     def _build(self, bootstrap: str) -> faust.App:
-        seek_before_resume()
         s, t = self.settings, self.topics
         n = s.kafka.partitions
         app = faust.App(
