@@ -474,14 +474,23 @@ async def latency(
 
 
 async def open_state(
-    bootstrap: str, standin: Standin, tmp: Path, open_calls: int, calls: int, rng: random.Random
+    bootstrap: str,
+    standin: Standin,
+    tmp: Path,
+    open_calls: int,
+    calls: int,
+    rng: random.Random,
+    open_events: int = 4,
 ) -> dict[str, Any]:
-    """Memory and per-event cost with ``open_calls`` trajectories open in the worker."""
+    """Memory and per-event cost with ``open_calls`` trajectories open in the worker, each
+    holding its first ``open_events`` events (start and steps, no end)."""
     prefix = f"bo{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix, PARTITIONS)
     await create_topics(bootstrap, topics.all())
     standin.reset()
-    partial = [r for _ in range(open_calls) for r in call_events(rng, complete=False)]
+    partial = [
+        r for _ in range(open_calls) for r in call_events(rng, complete=False)[:open_events]
+    ]
     payload = sum(len(v) for _, v in partial)
     with worker(bootstrap, prefix, standin, tmp) as procs:
         pid = procs[0].pid
@@ -650,8 +659,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if "state" in only:
             small, large = (100, 2000) if args.quick else (1000, 100_000)
             with console.status(f"state: {small} vs {large} open trajectories"):
-                a = await open_state(bootstrap, standin, tmp, small, max(200, args.calls // 5), rng)
-                b = await open_state(bootstrap, standin, tmp, large, max(200, args.calls // 5), rng)
+                # open calls of one event (their start) keep the prefill short
+                n = max(1000, args.calls // 4)
+                a = await open_state(bootstrap, standin, tmp, small, n, rng, open_events=1)
+                b = await open_state(bootstrap, standin, tmp, large, n, rng, open_events=1)
             results["state"] = {"small": a, "large": b}
             console.print("state", results["state"])
         if "soak" in only:
