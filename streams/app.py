@@ -73,7 +73,7 @@ from .models import (
     utcnow,
 )
 from .pending import PendingCodec
-from .rewards import Rewarder, load_reward
+from .rewards import Rewarder, build_rewarder
 from .select import Strategy, build_strategy
 from .settings import Settings
 from .topics import Topics
@@ -115,9 +115,8 @@ class Pipeline:
             rate=settings.selection.rate,
             mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
         )
-        self.rewarder = rewarder or Rewarder(
-            load_reward(settings.reward.function, settings.reward.weights),
-            name=None if settings.reward.function == "composite" else settings.reward.function,
+        self.rewarder = rewarder or build_rewarder(
+            settings.reward.function, settings.reward.weights
         )
         self.limits = Limits(
             max_steps=settings.assembly.max_steps,

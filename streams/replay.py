@@ -38,7 +38,7 @@ import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -77,7 +77,7 @@ from .models import (
     utcnow,
 )
 from .redact import Redactor
-from .rewards import Rewarder, load_reward
+from .rewards import Rewarder, build_rewarder
 from .select import Strategy, build_strategy
 
 if TYPE_CHECKING:
@@ -98,7 +98,6 @@ __all__ = [
     "SourceRecord",
     "ack_key",
     "build_exports",
-    "build_rewarder",
     "commit_key",
     "compare",
     "parse_offsets",
@@ -767,12 +766,6 @@ def parse_offsets(spec: str, prefix: str) -> OffsetRange:
     if end is not None and end < start:
         raise ConfigError(f"bad --offsets {spec!r}: END is before START")
     return OffsetRange(topic, int(match["partition"]), start, end)
-
-
-def build_rewarder(function: str, weights: Mapping[str, float] | None = None) -> Rewarder:
-    """The reward function as the live pipeline builds it (same name on every record)."""
-    name = None if function == "composite" else function
-    return Rewarder(load_reward(function, weights), name=name)
 
 
 # == the driver: Kafka, Trinity, files ===========================================================

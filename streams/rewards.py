@@ -37,6 +37,7 @@ __all__ = [
     "RewardResult",
     "Rewarder",
     "answer_length",
+    "build_rewarder",
     "latency_efficiency",
     "load_reward",
     "success",
@@ -143,6 +144,13 @@ def load_reward(name: str, weights: Mapping[str, float] | None = None) -> Reward
     if name == "composite":
         return Composite(weights or {})
     return _as_fn(load_object(name), name)
+
+
+def build_rewarder(function: str, weights: Mapping[str, float] | None = None) -> Rewarder:
+    """The rewarder for the settings' ``reward.function`` (and ``reward.weights``), as the live
+    workers and ``trajstream replay`` both build it, so every record names it the same way."""
+    name = None if function == "composite" else function
+    return Rewarder(load_reward(function, weights), name=name)
 
 
 class Rewarder:

@@ -39,14 +39,13 @@ from streams.replay import (
     ReplayOptions,
     SourceRecord,
     build_exports,
-    build_rewarder,
     compare,
     parse_offsets,
     parse_time,
     plan_feedback,
     replay_id,
 )
-from streams.rewards import Rewarder, success, user_rating
+from streams.rewards import Rewarder, build_rewarder, success, user_rating
 from streams.select import SamplingRate, build_strategy
 from tests.unit.factories import T0, at, end, feedback, mark, rewarded, start, step
 
