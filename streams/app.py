@@ -311,25 +311,53 @@ class Pipeline:
             log.exception("%s: unexpected error on %s", stage, _where(event))
             await self._dead_letter(stage, exc, event)
 
-    async def _dead_letter(
-        self, stage: str, exc: BaseException, event: Any, payload: bytes | None = None
-    ) -> None:
-        msg = event.message
-        self.stats[f"dead_letters.{stage}"] += 1
-        record = DeadLetter(
-            reason=str(exc) or type(exc).__name__,
-            error_type=type(exc).__name__,
+    def _letter(
+        self,
+        stage: str,
+        reason: str,
+        error_type: str,
+        event: Any | None,
+        *,
+        key: bytes | None = None,
+        payload: bytes | None = None,
+    ) -> DeadLetter:
+        """A dead letter for ``event``'s record (or, without one, for a trajectory that a
+        clock tick was handling)."""
+        msg = event.message if event is not None else None
+        return DeadLetter(
+            reason=reason,
+            error_type=error_type,
             stage=stage,
-            source_topic=msg.topic,
-            source_partition=msg.partition,
-            source_offset=msg.offset,
-            key=msg.key,
-            payload=payload if payload is not None else (msg.value or b""),
+            source_topic=msg.topic if msg else self.topics.trajectories,
+            source_partition=msg.partition if msg else -1,
+            source_offset=msg.offset if msg else -1,
+            key=msg.key if msg else key,
+            payload=payload if payload is not None else ((msg.value if msg else None) or b""),
             failed_at=utcnow(),
             worker=self.worker_name,
         )
-        log.warning("dead letter (%s) %s: %s", stage, _where(event), record.reason)
-        await self.t_dead.send(key=msg.key, value=self.codec.encode(record))
+
+    async def _dead_letter(
+        self,
+        stage: str,
+        exc: BaseException,
+        event: Any | None,
+        *,
+        key: bytes | None = None,
+        payload: bytes | None = None,
+    ) -> None:
+        self.stats[f"dead_letters.{stage}"] += 1
+        record = self._letter(
+            stage,
+            str(exc) or type(exc).__name__,
+            type(exc).__name__,
+            event,
+            key=key,
+            payload=payload,
+        )
+        where = _where(event) if event is not None else f"call {record.key!r}"
+        log.warning("dead letter (%s) %s: %s", stage, where, record.reason)
+        await self.t_dead.send(key=record.key, value=self.codec.encode(record))
 
     def _decode(self, event: Any) -> AvroModel:
         return self.codec.decode(event.message.value)
@@ -421,24 +449,13 @@ class Pipeline:
 
     async def _late(self, event: Any, closed: ClosedCall) -> None:
         """An event for a call that already closed: recorded, never applied, never dropped."""
-        msg = event.message
         self.stats["events.late"] += 1
-        record = DeadLetter(
-            reason=(
-                f"arrived after call {closed.call_id} closed at {closed.closed_at.isoformat()} "
-                f"({closed.reason}); late, or redelivered after a restart"
-            ),
-            error_type="Late",
-            stage="late",
-            source_topic=msg.topic,
-            source_partition=msg.partition,
-            source_offset=msg.offset,
-            key=msg.key,
-            payload=msg.value or b"",
-            failed_at=utcnow(),
-            worker=self.worker_name,
+        reason = (
+            f"arrived after call {closed.call_id} closed at {closed.closed_at.isoformat()} "
+            f"({closed.reason}); late, or redelivered after a restart"
         )
-        await self.t_late.send(key=msg.key, value=self.codec.encode(record))
+        record = self._letter("late", reason, "Late", event)
+        await self.t_late.send(key=record.key, value=self.codec.encode(record))
 
     def _index(self, indexes: dict[int, Deadlines], partition: int) -> Deadlines:
         index = indexes.get(partition)
@@ -550,28 +567,8 @@ class Pipeline:
         try:
             rewarded = self.rewarder(trajectory)
         except RewardError as exc:
-            if event is None:
-                log.warning("reward failed for %s: %s", trajectory.call_id, exc)
-                self.stats["dead_letters.reward"] += 1
-                await self.t_dead.send(
-                    key=key,
-                    value=self.codec.encode(
-                        DeadLetter(
-                            reason=str(exc),
-                            error_type=type(exc).__name__,
-                            stage="reward",
-                            source_topic=self.topics.trajectories,
-                            source_partition=-1,
-                            source_offset=-1,
-                            key=key,
-                            payload=self.codec.encode(trajectory),
-                            failed_at=utcnow(),
-                            worker=self.worker_name,
-                        )
-                    ),
-                )
-            else:
-                await self._dead_letter("reward", exc, event, payload=self.codec.encode(trajectory))
+            payload = self.codec.encode(trajectory)
+            await self._dead_letter("reward", exc, event, key=key, payload=payload)
             return
         self.stats["trajectories.rewarded"] += 1
         await self.t_rewarded.send(key=key, value=self.codec.encode(rewarded))
@@ -694,7 +691,10 @@ class Pipeline:
             # (Trinity acknowledged them before their acknowledgements reached the ledger).
             # A commit now would drain nothing and still advance the explore step.
             await self._commit_recorded(
-                state, plan, json.dumps({"not_sent": "nothing ready at Trinity"}), sent=False,
+                state,
+                plan,
+                json.dumps({"not_sent": "nothing ready at Trinity"}),
+                sent=False,
                 experiences=0,
             )
             return
@@ -705,6 +705,12 @@ class Pipeline:
 
     async def _send_commit(self, state: LedgerState, plan: CommitPlan) -> None:
         try:
+            # Trinity's ready count again, right before the commit drains it: feedback that
+            # Trinity applied since the first read (the write-ahead flush takes a while) is
+            # drained by this commit and must not look new to the next one
+            ready = _metric(await self.trinity.metrics(), READY)
+            if ready is not None:
+                plan.ready_before = max(ready, plan.ready_before or 0)
             answer = await self.trinity.commit()
         except TrinityError as exc:
             # the plan stays pending: the next ledger record resolves it
