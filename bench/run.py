@@ -315,6 +315,15 @@ def wait_fed_back(
 # -- scenarios -------------------------------------------------------------------------------
 
 
+async def fresh_run(bootstrap: str, standin: Standin, tag: str) -> tuple[str, Topics]:
+    """A new topic prefix (and app id) for one scenario, its topics, and a clean stand-in."""
+    prefix = f"{tag}{uuid.uuid4().hex[:8]}"
+    topics = Topics(prefix, PARTITIONS)
+    await create_topics(bootstrap, topics.all())
+    standin.reset()
+    return prefix, topics
+
+
 async def ceiling(bootstrap: str, calls: int, rng: random.Random) -> dict[str, Any]:
     """Bare aiokafka: consume a backlog and produce every record to another topic, batched."""
     src, dst = f"bench-{uuid.uuid4().hex[:6]}-in", f"bench-{uuid.uuid4().hex[:6]}-out"
@@ -395,10 +404,7 @@ async def faust_bare(bootstrap: str, calls: int, rng: random.Random) -> dict[str
 async def pipeline(
     bootstrap: str, standin: Standin, tmp: Path, calls: int, rng: random.Random, workers: int = 1
 ) -> dict[str, Any]:
-    prefix = f"bp{uuid.uuid4().hex[:8]}"
-    topics = Topics(prefix, PARTITIONS)
-    await create_topics(bootstrap, topics.all())
-    standin.reset()
+    prefix, topics = await fresh_run(bootstrap, standin, "bp")
     await produce(
         bootstrap, topics.agent_events, [r for _ in range(calls) for r in call_events(rng)]
     )
@@ -428,10 +434,7 @@ async def latency(
     rng: random.Random,
 ) -> dict[str, Any]:
     """Produce calls at a steady rate; latency from the END's ack to the feedback's arrival."""
-    prefix = f"bl{uuid.uuid4().hex[:8]}"
-    topics = Topics(prefix, PARTITIONS)
-    await create_topics(bootstrap, topics.all())
-    standin.reset()
+    prefix, topics = await fresh_run(bootstrap, standin, "bl")
     calls_per_s = max(0.5, rate_events / EVENTS_PER_CALL)
     ends: dict[str, float] = {}
     with worker(bootstrap, prefix, standin, tmp) as procs:
@@ -484,10 +487,7 @@ async def open_state(
 ) -> dict[str, Any]:
     """Memory and per-event cost with ``open_calls`` trajectories open in the worker, each
     holding its first ``open_events`` events (start and steps, no end)."""
-    prefix = f"bo{uuid.uuid4().hex[:8]}"
-    topics = Topics(prefix, PARTITIONS)
-    await create_topics(bootstrap, topics.all())
-    standin.reset()
+    prefix, topics = await fresh_run(bootstrap, standin, "bo")
     partial = [
         r for _ in range(open_calls) for r in call_events(rng, complete=False)[:open_events]
     ]
@@ -555,10 +555,7 @@ async def soak(
     rng: random.Random,
 ) -> dict[str, Any]:
     """RSS of one worker over a long run at a steady rate: flat, not growing."""
-    prefix = f"bs{uuid.uuid4().hex[:8]}"
-    topics = Topics(prefix, PARTITIONS)
-    await create_topics(bootstrap, topics.all())
-    standin.reset()
+    prefix, topics = await fresh_run(bootstrap, standin, "bs")
     calls_per_s = max(0.5, rate_events / EVENTS_PER_CALL)
     samples: list[tuple[float, int]] = []
     with worker(
