@@ -50,8 +50,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.broker import LocalBroker, free_port  # noqa: E402
 from streams.codec import SchemaRegistry  # noqa: E402
+from streams.devtools.broker import LocalBroker, free_port  # noqa: E402
 from streams.models import (  # noqa: E402
     AgentCall,
     CallPhase,

@@ -38,7 +38,7 @@ def resolve_bootstrap(settings: Settings) -> str:
     """The cluster to use: the configured one, else the running local broker."""
     if settings.bootstrap_servers:
         return settings.bootstrap_servers
-    from .broker import status
+    from .devtools.broker import status
 
     state = status(settings.cache_dir)
     if state is None:
@@ -60,7 +60,7 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
 
 
 def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
-    from . import broker
+    from .devtools import broker
 
     if args.action == "start":
         state = broker.start_detached(settings.cache_dir, port=args.port)
@@ -101,7 +101,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import faust
 
-    from .app import Pipeline
+    from .runtime.live import Pipeline
 
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
@@ -127,8 +127,8 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 
 def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
-    from .produce import read_events
-    from .sdk import TrajstreamProducer
+    from .capture.produce import read_events
+    from .capture.sdk import TrajstreamProducer
 
     events: list[Any] = []
     bad = 0
@@ -168,9 +168,9 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
 
     from rich.progress import Progress
 
-    from .sdk import TrajstreamProducer
-    from .traffic import AGENTS, simulate_call
-    from .trinity import TrinityClient
+    from .capture.sdk import TrajstreamProducer
+    from .devtools.traffic import AGENTS, simulate_call
+    from .io.trinity import TrinityClient
 
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
@@ -255,21 +255,21 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
-    from .standin import StandIn
+    from .devtools.standin import StandIn
 
     StandIn().run(args.host, args.port)
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from .demo import run_demo
+    from .devtools.demo import run_demo
 
     return run_demo(settings, calls=args.calls, agents=args.agents)
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from .models import utcnow
-    from .replay import ReplayOptions, parse_offsets, parse_time, run_replay
+    from .runtime.replay import ReplayOptions, parse_offsets, parse_time, run_replay
 
     now = utcnow()
     prefix = settings.kafka.topic_prefix

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pydantic
 
-from .codec import _summarise
-from .models import AgentCall, Completion, UserFeedback
+from ..codec import _summarise
+from ..models import AgentCall, Completion, UserFeedback
 
 __all__ = ["LineError", "Parsed", "parse_lines", "read_events"]
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from .codec import SchemaRegistry
-from .models import (
+from ..codec import SchemaRegistry
+from ..models import (
     AgentCall,
     AvroModel,
     CallPhase,
@@ -43,7 +43,7 @@ from .models import (
     UserFeedback,
     utcnow,
 )
-from .topics import Topics
+from ..topics import Topics
 
 __all__ = ["CallRecorder", "TrajstreamProducer", "new_id", "topic_for"]
 

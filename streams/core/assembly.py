@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from .models import (
+from ..models import (
     AgentCall,
     CallPhase,
     Completion,

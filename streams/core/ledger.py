@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from .models import (
+from ..models import (
     CommitRecord,
     DriftAlert,
     FeedbackAck,

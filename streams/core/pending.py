@@ -20,10 +20,10 @@ from typing import Any
 import fastavro
 from fastavro.schema import parse_schema
 
-from .codec import MAGIC, SchemaRegistry
-from .errors import DecodeError
-from .join import Applied, Progress, add_event, new_pending
-from .models import AgentCall, CallPhase, Completion, PendingCall, PendingEvents
+from ..codec import MAGIC, SchemaRegistry
+from ..errors import DecodeError
+from ..models import AgentCall, CallPhase, Completion, PendingCall, PendingEvents
+from .assembly import Applied, Progress, add_event, new_pending
 
 __all__ = ["PendingCodec"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["load_object"]
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError, RewardError
-from .join import last_model
-from .models import CallStatus, FeedbackKind, RewardedTrajectory, StepKind, Trajectory
+from ..errors import ConfigError, RewardError
+from ..models import CallStatus, FeedbackKind, RewardedTrajectory, StepKind, Trajectory
+from .assembly import last_model
 from .plugins import load_object
 
 __all__ = [
@@ -196,5 +196,9 @@ class Rewarder:
 
 def _qualname(fn: Any) -> str:
     module = getattr(fn, "__module__", None) or type(fn).__module__
+    if module == __name__:
+        # the built-ins' public name (recorded as ``reward_fn``, part of a replay's id) is the
+        # documented ``streams.rewards``, whatever module holds them
+        module = "streams.rewards"
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     return f"{module}:{name}"

@@ -31,8 +31,8 @@ from datetime import datetime, timedelta
 from importlib.metadata import entry_points
 from typing import Protocol, runtime_checkable
 
-from .errors import ConfigError
-from .models import AgentCall, Selection, TrainingMark
+from ..errors import ConfigError
+from ..models import AgentCall, Selection, TrainingMark
 from .plugins import load_object
 
 __all__ = [

@@ -29,8 +29,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .codec import SchemaRegistry
-from .models import (
+from ..capture.sdk import TrajstreamProducer
+from ..codec import SchemaRegistry
+from ..core.select import build_strategy
+from ..io.trinity import TrinityClient
+from ..models import (
     AvroModel,
     CommitRecord,
     DeadLetter,
@@ -38,13 +41,10 @@ from .models import (
     Trajectory,
     WindowSummary,
 )
-from .sdk import TrajstreamProducer
-from .select import build_strategy
-from .settings import Settings
+from ..settings import Settings
+from ..topics import Topics
 from .standin import StandIn
-from .topics import Topics
 from .traffic import AGENTS, SimulatedCall, simulate_call
-from .trinity import TrinityClient
 
 __all__ = ["run_demo"]
 
@@ -137,8 +137,8 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
 
 def _selected(strategy: Any, sim: SimulatedCall) -> bool:
     """What the worker will decide, computed here with the same pure strategy."""
-    from .models import AgentCall, CallPhase, TrainingMark, utcnow
-    from .select import CallView
+    from ..core.select import CallView
+    from ..models import AgentCall, CallPhase, TrainingMark, utcnow
 
     now = utcnow()
     mark = TrainingMark(marked_at=now) if sim.marked else None

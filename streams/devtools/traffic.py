@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from .models import CallStatus, ChatMessage, TrainingMark, utcnow
-from .sdk import TrajstreamProducer
-from .trinity import TrinityClient
+from ..capture.sdk import TrajstreamProducer
+from ..io.trinity import TrinityClient
+from ..models import CallStatus, ChatMessage, TrainingMark, utcnow
 
 __all__ = ["AGENTS", "SimulatedCall", "simulate_call"]
 

@@ -37,8 +37,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import ConfigError, TrajstreamError
-from .models import (
+from ..errors import ConfigError, TrajstreamError
+from ..models import (
     ChatMessage,
     Completion,
     FeedbackKind,

@@ -2,7 +2,7 @@
 
 :class:`TrinityClient` speaks the routes of ``/work/shared/trinity-contract.md`` exactly:
 ``/feedback``, ``/commit``, ``/metrics``, ``/health`` and ``/v1/chat/completions``. It works
-unchanged against a real Trinity server and against :mod:`streams.standin`. It validates a
+unchanged against a real Trinity server and against :mod:`streams.devtools.standin`. It validates a
 feedback request locally before sending it (a request Trinity would silently mis-store is a bug
 in the caller, not a transient failure), maps every failure onto the package's exception tree,
 and never retries: the pipeline owns the retry policy and uses :func:`backoff_delays` for it::

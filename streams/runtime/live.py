@@ -1,7 +1,7 @@
 """The Faust wiring: from agent events to Trinity commits, read top to bottom.
 
 Each agent below is a short loop over one stage; the decisions are made by the pure modules
-(:mod:`streams.join`, :mod:`streams.select`, :mod:`streams.rewards`, :mod:`streams.ledger`).
+(:mod:`streams.core.assembly`, :mod:`streams.core.select`, :mod:`streams.core.rewards`, :mod:`streams.core.ledger`).
 Records on every topic are raw bytes in Avro single-object encoding (:mod:`streams.codec`), so a
 record that cannot be decoded or validated becomes a dead letter, with its reason and source
 topic/partition/offset, instead of a crash or a silent skip inside Faust's deserializer.
@@ -37,16 +37,9 @@ from typing import Any
 
 import faust
 
-from .codec import SchemaRegistry
-from .errors import (
-    RecordError,
-    RewardError,
-    TrinityError,
-    TrinityUnavailable,
-    ValidationError,
-)
-from .join import Applied, Deadlines, Limits, Progress, close, closed_reason, view_of
-from .ledger import (
+from ..codec import SchemaRegistry
+from ..core.assembly import Applied, Deadlines, Limits, Progress, close, closed_reason, view_of
+from ..core.ledger import (
     CommitPlan,
     LedgerConfig,
     apply_ack,
@@ -55,7 +48,18 @@ from .ledger import (
     due_commit,
     due_windows,
 )
-from .models import (
+from ..core.pending import PendingCodec
+from ..core.rewards import Rewarder, build_rewarder
+from ..core.select import Strategy, build_strategy
+from ..errors import (
+    RecordError,
+    RewardError,
+    TrinityError,
+    TrinityUnavailable,
+    ValidationError,
+)
+from ..io.trinity import TrinityClient, backoff_delays
+from ..models import (
     AgentCall,
     AvroModel,
     AwaitingReward,
@@ -72,12 +76,8 @@ from .models import (
     UserFeedback,
     utcnow,
 )
-from .pending import PendingCodec
-from .rewards import Rewarder, build_rewarder
-from .select import Strategy, build_strategy
-from .settings import Settings
-from .topics import Topics
-from .trinity import TrinityClient, backoff_delays
+from ..settings import Settings
+from ..topics import Topics
 
 __all__ = ["Pipeline"]
 

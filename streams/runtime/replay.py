@@ -2,8 +2,8 @@
 
 ``trajstream replay`` reads a bounded range of ``<p>.agent-events`` and ``<p>.user-feedback``
 (a time range, or explicit offsets) and runs it through the same pure stages as the live
-workers: :func:`streams.join.add_event` / :func:`~streams.join.closed_reason` /
-:func:`~streams.join.close` with a selection strategy, then a :class:`~streams.rewards.Rewarder`
+workers: :func:`streams.core.assembly.add_event` / :func:`~streams.core.assembly.closed_reason` /
+:func:`~streams.core.assembly.close` with a selection strategy, then a :class:`~streams.core.rewards.Rewarder`
 with user feedback attached by call id as the live reward stage attaches it. The result goes
 nowhere (a dry run), to Trinity (feedback, then paced commits), or to dataset files.
 
@@ -44,8 +44,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .codec import SchemaRegistry
-from .errors import (
+from ..codec import SchemaRegistry
+from ..core.assembly import Applied, Deadlines, Limits, add_event, close, closed_reason, new_pending
+from ..core.rewards import Rewarder, build_rewarder
+from ..core.select import Strategy, build_strategy
+from ..errors import (
     ConfigError,
     RecordError,
     RewardError,
@@ -53,7 +56,7 @@ from .errors import (
     TrinityRejected,
     TrinityUnavailable,
 )
-from .export import (
+from ..export.dataset import (
     EXPORT_SCHEMA_VERSION,
     ExportFile,
     check_writable,
@@ -64,8 +67,8 @@ from .export import (
     trajectory_row,
     write_export,
 )
-from .join import Applied, Deadlines, Limits, add_event, close, closed_reason, new_pending
-from .models import (
+from ..export.redact import Redactor
+from ..models import (
     AgentCall,
     CommitRecord,
     Completion,
@@ -76,15 +79,12 @@ from .models import (
     UserFeedback,
     utcnow,
 )
-from .redact import Redactor
-from .rewards import Rewarder, build_rewarder
-from .select import Strategy, build_strategy
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .settings import Settings
-    from .trinity import TrinityClient
+    from ..io.trinity import TrinityClient
+    from ..settings import Settings
 
 __all__ = [
     "CommitPacer",
@@ -1197,7 +1197,7 @@ async def _send(
     ``<p>.replayed`` before the commit that carries it."""
     from aiokafka import AIOKafkaProducer
 
-    from .trinity import TrinityClient
+    from ..io.trinity import TrinityClient
 
     assert result.plan is not None
     topic = replayed_topic(settings.kafka.topic_prefix)
@@ -1287,7 +1287,7 @@ async def _send(
 async def _retrying(call: Callable[[], Any], max_age: float, what: str) -> tuple[int, Any]:
     """Await ``call()`` until it succeeds, retrying TrinityUnavailable with backoff for up to
     ``max_age`` seconds (``trinity.retry_max_age_s``); returns the attempts and the answer."""
-    from .trinity import backoff_delays
+    from ..io.trinity import backoff_delays
 
     started = time.monotonic()
     attempts = 0
@@ -1314,8 +1314,8 @@ def _manifest(
     redactor: Redactor,
     codec: SchemaRegistry,
 ) -> dict[str, Any]:
-    from .models import RewardedTrajectory as RT
-    from .models import Trajectory as T
+    from ..models import RewardedTrajectory as RT
+    from ..models import Trajectory as T
 
     core = result.core
     scored = [r.reward for _, r in core.scored()]

@@ -30,10 +30,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from streams.broker import LocalBroker
 from streams.codec import SchemaRegistry
+from streams.devtools.broker import LocalBroker
+from streams.devtools.standin import StandIn
 from streams.models import AvroModel
-from streams.standin import StandIn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = Path(os.environ.get("TRAJSTREAM_CACHE_DIR", REPO_ROOT / ".cache" / "trajstream"))

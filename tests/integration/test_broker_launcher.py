@@ -1,4 +1,4 @@
-"""Integration tests of streams.broker: fetch real Kafka jars, run real brokers, talk to them.
+"""Integration tests of streams.devtools.broker: fetch real Kafka jars, run real brokers, talk to them.
 
 Each test starts its own broker on free ports, so none touches a broker the developer runs.
 The jars are cached in ``$TRAJSTREAM_CACHE_DIR`` (default ``<repo>/.cache/trajstream``).
@@ -19,7 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streams.broker import (
+from streams.devtools.broker import (
     KAFKA_VERSION,
     LocalBroker,
     free_port,
@@ -142,7 +142,7 @@ def test_detached_broker_outlives_the_process_that_started_it(
     (own_cache / f"kafka-{KAFKA_VERSION}").symlink_to(cache_dir / f"kafka-{KAFKA_VERSION}")
     port = free_port()
     script = (
-        "import sys; from pathlib import Path; from streams.broker import start_detached; "
+        "import sys; from pathlib import Path; from streams.devtools.broker import start_detached; "
         "print(start_detached(Path(sys.argv[1]), port=int(sys.argv[2])).pid)"
     )
     done = subprocess.run(

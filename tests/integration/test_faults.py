@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
+from streams.capture.sdk import TrajstreamProducer
+from streams.devtools.standin import Fault, StandIn
+from streams.devtools.traffic import AGENTS, SimulatedCall, simulate_call
+from streams.io.trinity import TrinityClient
 from streams.models import CallStatus, CommitRecord, DeadLetter, FeedbackAck
-from streams.sdk import TrajstreamProducer
-from streams.standin import Fault, StandIn
-from streams.traffic import AGENTS, SimulatedCall, simulate_call
-from streams.trinity import TrinityClient
 
 from .conftest import read_topic, wait_for
 

@@ -14,13 +14,13 @@ import sys
 
 import pytest
 
+from streams.capture.sdk import TrajstreamProducer
 from streams.codec import SchemaRegistry
+from streams.core.select import SamplingRate, sample_point
+from streams.devtools.standin import StandIn
+from streams.devtools.traffic import AGENTS, simulate_call
+from streams.io.trinity import TrinityClient
 from streams.models import CallStatus, CommitRecord, DeadLetter, Trajectory, utcnow
-from streams.sdk import TrajstreamProducer
-from streams.select import SamplingRate, sample_point
-from streams.standin import StandIn
-from streams.traffic import AGENTS, simulate_call
-from streams.trinity import TrinityClient
 
 from .conftest import read_topic, wait_for
 

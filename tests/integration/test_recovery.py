@@ -25,7 +25,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from streams.capture.sdk import TrajstreamProducer, new_id
 from streams.codec import SchemaRegistry
+from streams.devtools.standin import Fault, StandIn
+from streams.io.trinity import TrinityClient
 from streams.models import (
     AgentCall,
     AvroModel,
@@ -39,9 +42,6 @@ from streams.models import (
     Trajectory,
     utcnow,
 )
-from streams.sdk import TrajstreamProducer, new_id
-from streams.standin import Fault, StandIn
-from streams.trinity import TrinityClient
 
 from .conftest import read_topic, wait_for
 

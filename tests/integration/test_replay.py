@@ -22,8 +22,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams.capture.sdk import TrajstreamProducer
 from streams.codec import SchemaRegistry
-from streams.export import DpoRow, SftRow
+from streams.core.select import sample_point
+from streams.devtools.standin import StandIn
+from streams.devtools.traffic import AGENTS, simulate_call
+from streams.export.dataset import DpoRow, SftRow
+from streams.io.trinity import TrinityClient
 from streams.models import (
     ChatMessage,
     CommitRecord,
@@ -33,14 +38,9 @@ from streams.models import (
     Trajectory,
     utcnow,
 )
-from streams.replay import ack_key, replay_id
-from streams.sdk import TrajstreamProducer
-from streams.select import sample_point
-from streams.standin import StandIn
+from streams.runtime.replay import ack_key, replay_id
 from streams.topics import Topics, create_topics
-from streams.traffic import AGENTS, simulate_call
-from streams.trinity import TrinityClient
-from tests.unit.test_export import openai_chat_errors, openai_preference_errors
+from tests.unit.export.test_dataset import openai_chat_errors, openai_preference_errors
 
 from .conftest import REPO_ROOT, read_topic
 

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from streams.devtools.standin import Fault, StandIn, fetch_state, reset_state, set_fault
 from streams.errors import TrinityRejected, TrinityUnavailable
-from streams.standin import Fault, StandIn, fetch_state, reset_state, set_fault
-from streams.trinity import TrinityClient
+from streams.io.trinity import TrinityClient
 
 CHATCMPL = re.compile(r"^chatcmpl-[0-9a-f]{32}$")
 METRIC_KEYS = {
@@ -486,7 +486,7 @@ def test_run_serves_until_sigterm() -> None:
         port = probe.getsockname()[1]
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    code = f"from streams.standin import run; run('127.0.0.1', {port})"
+    code = f"from streams.devtools.standin import run; run('127.0.0.1', {port})"
     proc = subprocess.Popen(
         [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True
     )

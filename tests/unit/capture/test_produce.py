@@ -1,4 +1,4 @@
-"""Unit tests of streams.produce: validating JSON-lines input before anything is published."""
+"""Unit tests of streams.capture.produce: validating JSON-lines input before anything is published."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from streams.capture.produce import LineError, parse_lines, read_events
 from streams.models import (
     AgentCall,
     CallPhase,
@@ -18,7 +19,6 @@ from streams.models import (
     StepKind,
     UserFeedback,
 )
-from streams.produce import LineError, parse_lines, read_events
 from tests.unit.factories import T0, at
 
 

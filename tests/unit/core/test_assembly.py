@@ -10,9 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.join import Applied, Limits, add_event, close, closed_reason, new_pending, task_id_for
+from streams.core.assembly import (
+    Applied,
+    Limits,
+    add_event,
+    close,
+    closed_reason,
+    new_pending,
+    task_id_for,
+)
+from streams.core.select import CallView, ExplicitMark, SamplingRate
 from streams.models import AgentCall, ChatMessage, Completion, PendingCall, Selection, StepKind
-from streams.select import CallView, ExplicitMark, SamplingRate
 from tests.unit.factories import T0, at, end, mark, start, step
 
 ALL = SamplingRate(1.0)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.codec import SchemaRegistry
-from streams.ledger import (
+from streams.core.ledger import (
     RECENT_IDS,
     CommitPlan,
     LedgerConfig,

@@ -9,9 +9,7 @@ from typing import Any
 import pytest
 
 from streams import rewards
-from streams.errors import ConfigError, RewardError
-from streams.models import CallStatus, FeedbackKind, StepKind, Trajectory
-from streams.rewards import (
+from streams.core.rewards import (
     Composite,
     Rewarder,
     RewardResult,
@@ -21,6 +19,8 @@ from streams.rewards import (
     tool_calls,
     user_rating,
 )
+from streams.errors import ConfigError, RewardError
+from streams.models import CallStatus, FeedbackKind, StepKind, Trajectory
 from tests.unit.factories import T0, feedback, mark, step, trajectory
 
 
@@ -32,7 +32,7 @@ def constant(value: float) -> Any:
 
 
 def always_zero(_: Trajectory) -> float:
-    """A plugin reward, loaded as ``tests.unit.test_rewards:always_zero``."""
+    """A plugin reward, loaded as ``tests.unit.core.test_rewards:always_zero``."""
     return 0.0
 
 
@@ -215,7 +215,7 @@ def test_composite_normalises_weights_and_names_components() -> None:
 
 
 def test_composite_of_composite_results_and_dotted_names() -> None:
-    composite = Composite({"tests.unit.test_rewards:Scaled": 1.0, "streams.rewards.success": 3.0})
+    composite = Composite({"tests.unit.core.test_rewards:Scaled": 1.0, "streams.rewards.success": 3.0})
     result = composite(trajectory(status=CallStatus.ERROR))
     assert result.components == {"Scaled": 0.25, "streams.rewards.success": 0.0}
     assert result.value == pytest.approx(0.25 * 0.25)
@@ -245,7 +245,7 @@ def test_composite_refuses_bad_weights(weights: dict[str, float], match: str) ->
 
 
 def test_composite_functions_with_the_same_short_name_both_count() -> None:
-    composite = Composite({"streams.rewards:success": 1.0, "tests.unit.test_rewards:success": 1.0})
+    composite = Composite({"streams.rewards:success": 1.0, "tests.unit.core.test_rewards:success": 1.0})
     result = composite(trajectory(status=CallStatus.OK))
     assert result.value == pytest.approx(0.5)
     assert len(result.components) == 2
@@ -295,9 +295,9 @@ def test_rewarder_failed_call_without_mark() -> None:
     ("fn", "name", "version"),
     [
         (rewards.success, "streams.rewards:success", "1"),
-        (always_zero, "tests.unit.test_rewards:always_zero", "7"),
+        (always_zero, "tests.unit.core.test_rewards:always_zero", "7"),
         (Scaled(), "scaled", "1"),
-        (lambda t: 1.0, "tests.unit.test_rewards:<lambda>", "1"),
+        (lambda t: 1.0, "tests.unit.core.test_rewards:<lambda>", "1"),
     ],
     ids=["built-in", "versioned", "named-class", "lambda"],
 )
@@ -353,9 +353,9 @@ def test_integer_rewards_are_floats() -> None:
     ("name", "value"),
     [
         ("streams.rewards:success", 1.0),
-        ("streams.rewards.answer_length", 0.015),
-        ("tests.unit.test_rewards:always_zero", 0.0),
-        ("tests.unit.test_rewards:Scaled", 0.25),
+        ("streams.core.rewards.answer_length", 0.015),
+        ("tests.unit.core.test_rewards:always_zero", 0.0),
+        ("tests.unit.core.test_rewards:Scaled", 0.25),
     ],
 )
 def test_load_reward_by_dotted_path(name: str, value: float) -> None:

@@ -12,9 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.errors import ConfigError
-from streams.models import Selection
-from streams.select import (
+from streams.core.select import (
     AllOf,
     AnyOf,
     CallView,
@@ -25,6 +23,8 @@ from streams.select import (
     build_strategy,
     sample_point,
 )
+from streams.errors import ConfigError
+from streams.models import Selection
 from tests.unit.factories import T0, end, mark, start
 
 
@@ -33,7 +33,7 @@ def view(call_id: str = "call-1", *, model: str | None = None, **end_kw: Any) ->
 
 
 class MyStrategy:
-    """A plugin strategy, named in the settings as ``tests.unit.test_select:MyStrategy``."""
+    """A plugin strategy, named in the settings as ``tests.unit.core.test_select:MyStrategy``."""
 
     name = "mine"
 
@@ -257,7 +257,7 @@ def test_call_view_agent_name_falls_back_to_the_start() -> None:
             AllOf,
             "all(any(marked(ttl=60s),sampling(0.1)),any(sampling(0.5)))",
         ),
-        ("any(marked,tests.unit.test_select:MyStrategy)", {}, AnyOf, "any(marked(ttl=60s),mine)"),
+        ("any(marked,tests.unit.core.test_select:MyStrategy)", {}, AnyOf, "any(marked(ttl=60s),mine)"),
     ],
 )
 def test_build_strategy_spellings(spec: str, kwargs: dict[str, Any], cls: type, name: str) -> None:
@@ -290,9 +290,9 @@ def test_built_strategies_decide() -> None:
         ("all( , )", "combines nothing"),
         ("any(marked,bogus)", "unknown selection strategy 'bogus'"),
         ("any(marked", "unknown selection strategy"),
-        ("tests.unit.test_select", "unknown selection strategy"),  # a module, no attribute
-        ("tests.unit.test_select:NotAStrategy", "has no name and decide"),
-        ("tests.unit.test_select:Missing", "has no attribute 'Missing'"),
+        ("tests.unit.core.test_select", "unknown selection strategy"),  # a module, no attribute
+        ("tests.unit.core.test_select:NotAStrategy", "has no name and decide"),
+        ("tests.unit.core.test_select:Missing", "has no attribute 'Missing'"),
         ("no_such_package.mod:Strategy", "cannot import 'no_such_package.mod'"),
     ],
 )
@@ -308,7 +308,7 @@ def test_build_strategy_refuses_bad_mark_ttls(spec: str) -> None:
 
 
 def test_plugin_by_dotted_path() -> None:
-    strategy = build_strategy("tests.unit.test_select:MyStrategy")
+    strategy = build_strategy("tests.unit.core.test_select:MyStrategy")
     assert type(strategy).__name__ == "MyStrategy"
     assert strategy.name == "mine"
     assert strategy.decide(view("keep-1")).selected

@@ -1,4 +1,4 @@
-"""Unit tests of streams.broker's pure parts: rendering, ports, executables, state files.
+"""Unit tests of streams.devtools.broker's pure parts: rendering, ports, executables, state files.
 
 Nothing here starts a JVM or runs Maven; ``tests/integration/test_broker_launcher.py`` does.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from streams import broker as broker_module
-from streams.broker import (
+from streams.devtools import broker as broker_module
+from streams.devtools.broker import (
     KAFKA_VERSION,
     BrokerState,
     LocalBroker,

@@ -1,4 +1,4 @@
-"""Unit tests of streams.export: SFT and DPO rows in OpenAI's formats, dedupe, atomic writing.
+"""Unit tests of streams.export.dataset: SFT and DPO rows in OpenAI's formats, dedupe, atomic writing.
 
 Rows are checked twice: with the module's own pydantic models, and with an independent check
 written from OpenAI's fine-tuning format documentation (:func:`openai_chat_errors`,
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from streams.core.rewards import Rewarder, success
 from streams.errors import ConfigError
-from streams.export import (
+from streams.export.dataset import (
     DpoRow,
     ExportError,
     ExportFile,
@@ -31,7 +32,6 @@ from streams.export import (
     write_export,
 )
 from streams.models import CallStatus, ChatMessage, FeedbackKind, StepKind, Trajectory
-from streams.rewards import Rewarder, success
 from tests.unit.factories import feedback, rewarded, step, trajectory
 
 # -- independent checks of OpenAI's formats ----------------------------------------------------

@@ -1,11 +1,11 @@
-"""Unit tests of streams.redact: what is caught, what is left alone, and the counts."""
+"""Unit tests of streams.export.redact: what is caught, what is left alone, and the counts."""
 
 from __future__ import annotations
 
 import pytest
 
 from streams.errors import ConfigError
-from streams.redact import KINDS, Redactor
+from streams.export.redact import KINDS, Redactor
 
 CAUGHT = [
     # e-mail addresses

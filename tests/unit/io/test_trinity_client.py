@@ -1,4 +1,4 @@
-"""Unit tests of streams.trinity: the client against httpx.MockTransport, and the backoff."""
+"""Unit tests of streams.io.trinity: the client against httpx.MockTransport, and the backoff."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from streams.errors import (
     TrinityRejected,
     TrinityUnavailable,
 )
-from streams.trinity import TrinityClient, backoff_delays, feedback_body
+from streams.io.trinity import TrinityClient, backoff_delays, feedback_body
 
 BASE = "http://trinity.test:8010"
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -1,8 +1,8 @@
-"""Unit tests of the pure half of streams.replay: the replay core, statistics, the feedback
+"""Unit tests of the pure half of streams.runtime.replay: the replay core, statistics, the feedback
 plan, commit pacing, the replay id and the parsing of the command line's range.
 
 The core must decide exactly like the live stages: the expected trajectories are built with
-the same pure functions the live assemble stage calls (streams.join), event by event.
+the same pure functions the live assemble stage calls (streams.core.assembly), event by event.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 
 from streams.codec import SchemaRegistry
+from streams.core.assembly import Limits, add_event, close, new_pending
+from streams.core.rewards import Rewarder, build_rewarder, success, user_rating
+from streams.core.select import SamplingRate, build_strategy
 from streams.errors import ConfigError
-from streams.join import Limits, add_event, close, new_pending
+from streams.export.redact import Redactor
 from streams.models import (
     AgentCall,
     CallStatus,
@@ -30,8 +33,7 @@ from streams.models import (
     Trajectory,
     UserFeedback,
 )
-from streams.redact import Redactor
-from streams.replay import (
+from streams.runtime.replay import (
     CommitPacer,
     Distribution,
     Outcome,
@@ -45,8 +47,6 @@ from streams.replay import (
     plan_feedback,
     replay_id,
 )
-from streams.rewards import Rewarder, build_rewarder, success, user_rating
-from streams.select import SamplingRate, build_strategy
 from tests.unit.factories import T0, at, end, feedback, mark, rewarded, start, step
 
 CODEC = SchemaRegistry.default()
@@ -619,7 +619,7 @@ def test_rewarded_records_equal_what_the_live_rewarder_makes() -> None:
 
 
 def test_read_ledger_finds_acknowledged_and_uncommitted_feedback() -> None:
-    from streams.replay import ack_key, commit_key, read_ledger
+    from streams.runtime.replay import ack_key, commit_key, read_ledger
 
     keys = [
         ack_key("r1", "a"),

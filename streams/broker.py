@@ -1,0 +1,7 @@
+"""Compatibility: the local Kafka broker, now in :mod:`streams.devtools.broker`.
+
+``streams.broker`` is a documented import path, kept as a thin re-export.
+"""
+
+from streams.devtools.broker import *  # noqa: F403
+from streams.devtools.broker import __all__ as __all__

@@ -1,0 +1,1 @@
+"""Capture: ways agents publish their events (SDK, JSON lines, gateway, OTLP ingest)."""

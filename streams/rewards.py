@@ -1,0 +1,7 @@
+"""Compatibility: reward functions and ``RewardResult``, now in :mod:`streams.core.rewards`.
+
+``streams.rewards`` is a documented import path, kept as a thin re-export.
+"""
+
+from streams.core.rewards import *  # noqa: F403
+from streams.core.rewards import __all__ as __all__
