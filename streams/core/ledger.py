@@ -223,7 +223,10 @@ def due_commit(
         if count == 0:
             return None
         last = state.last_commit
-        if last is not None and _interval_index(now, cfg.interval) == _interval_index(last, cfg.interval):
+        same = last is not None and _interval_index(now, cfg.interval) == _interval_index(
+            last, cfg.interval
+        )
+        if same:
             return None
     else:
         anchor = state.batch_start if count else (state.last_commit or None)

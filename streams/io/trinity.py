@@ -5,7 +5,9 @@
 unchanged against a real Trinity server and against :mod:`streams.devtools.standin`. It validates a
 feedback request locally before sending it (a request Trinity would silently mis-store is a bug
 in the caller, not a transient failure), maps every failure onto the package's exception tree,
-and never retries: the pipeline owns the retry policy and uses :func:`backoff_delays` for it::
+and never retries by itself: :func:`retrying` is the one retry loop of the package (the live
+feedback stage and commits, and replay, use it), with the policy of
+:class:`streams.core.retry.RetryPolicy`::
 
     4xx (except 408, 429)          -> TrinityRejected    (status, body)
     5xx, 408, 429                  -> TrinityUnavailable (status, body)
@@ -22,22 +24,69 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
-import random
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from streams.errors import ConfigError, TrinityError, TrinityRejected, TrinityUnavailable
+from ..core.retry import GiveUp, RetryPolicy, backoff_delays
+from ..errors import ConfigError, TrinityError, TrinityRejected, TrinityUnavailable
+
+T = TypeVar("T")
+log = logging.getLogger("trajstream.trinity")
+
+
+class TrinityGaveUp(TrinityError):
+    """Trinity stayed unavailable for longer than the retry policy allows."""
+
+    def __init__(self, reason: str, attempts: int) -> None:
+        super().__init__(reason)
+        self.attempts = attempts
+
+
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    what: str,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    on_retry: Callable[[], None] | None = None,
+) -> tuple[int, T]:
+    """Await ``call()`` until it answers, retrying :class:`TrinityUnavailable` as ``policy``
+    decides; returns the attempts and the answer. A :class:`TrinityRejected` (or any other
+    :class:`TrinityError`) is raised at once; giving up raises :class:`TrinityGaveUp`."""
+    started = clock()
+    attempts = 0
+    for delay in policy.delays():
+        attempts += 1
+        try:
+            return attempts, await call()
+        except TrinityUnavailable as exc:
+            decision = policy.decide(attempts, clock() - started, delay, str(exc))
+            if isinstance(decision, GiveUp):
+                raise TrinityGaveUp(decision.reason, attempts) from exc
+            if attempts == 1 or attempts % 10 == 0:
+                log.warning("%s: %s; retrying (attempt %d)", what, exc, attempts)
+            if on_retry is not None:
+                on_retry()
+            await sleep(decision)
+    raise AssertionError("unreachable")  # pragma: no cover
+
 
 __all__ = [
     "MAX_TASK_ID_LENGTH",
     "TrinityClient",
+    "TrinityGaveUp",
     "backoff_delays",
     "feedback_body",
+    "retrying",
 ]
 
 MAX_TASK_ID_LENGTH: Final = 64
@@ -97,40 +146,6 @@ def feedback_body(
             raise TrinityRejected(f"run_id must fit a 32-bit signed integer, got {run_id}")
         body["run_id"] = run_id
     return body
-
-
-def backoff_delays(
-    base: float = 0.2,
-    factor: float = 2.0,
-    cap: float = 10.0,
-    jitter: float = 0.1,
-    rng: random.Random | None = None,
-) -> Iterator[float]:
-    """Yield the delays, in seconds, to sleep before retry 1, 2, 3, ... (endless).
-
-    The n-th delay is ``min(cap, base * factor**n)`` scaled by a uniform factor in
-    ``[1 - jitter, 1 + jitter]`` and capped again, so no delay ever exceeds ``cap``. Pass a
-    seeded ``random.Random`` for reproducible output; ``jitter=0`` makes it exact.
-
-    >>> from itertools import islice
-    >>> list(islice(backoff_delays(base=1, factor=2, cap=5, jitter=0), 5))
-    [1.0, 2.0, 4.0, 5.0, 5.0]
-    """
-    if base <= 0 or not math.isfinite(base):
-        raise ValueError(f"base must be a positive number, got {base!r}")
-    if factor < 1 or not math.isfinite(factor):
-        raise ValueError(f"factor must be >= 1, got {factor!r}")
-    if cap < base or not math.isfinite(cap):
-        raise ValueError(f"cap must be >= base, got {cap!r}")
-    if not 0 <= jitter < 1:
-        raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
-    draw = rng if rng is not None else random.Random()
-    raw = float(base)
-    while True:
-        delay = raw * (1.0 + draw.uniform(-jitter, jitter)) if jitter else raw
-        yield min(cap, delay)
-        # Multiply step by step rather than base * factor**n: the power overflows for large n.
-        raw = min(cap, raw * factor)
 
 
 class TrinityClient:

@@ -215,7 +215,9 @@ def test_composite_normalises_weights_and_names_components() -> None:
 
 
 def test_composite_of_composite_results_and_dotted_names() -> None:
-    composite = Composite({"tests.unit.core.test_rewards:Scaled": 1.0, "streams.rewards.success": 3.0})
+    composite = Composite(
+        {"tests.unit.core.test_rewards:Scaled": 1.0, "streams.rewards.success": 3.0}
+    )
     result = composite(trajectory(status=CallStatus.ERROR))
     assert result.components == {"Scaled": 0.25, "streams.rewards.success": 0.0}
     assert result.value == pytest.approx(0.25 * 0.25)
@@ -245,7 +247,9 @@ def test_composite_refuses_bad_weights(weights: dict[str, float], match: str) ->
 
 
 def test_composite_functions_with_the_same_short_name_both_count() -> None:
-    composite = Composite({"streams.rewards:success": 1.0, "tests.unit.core.test_rewards:success": 1.0})
+    composite = Composite(
+        {"streams.rewards:success": 1.0, "tests.unit.core.test_rewards:success": 1.0}
+    )
     result = composite(trajectory(status=CallStatus.OK))
     assert result.value == pytest.approx(0.5)
     assert len(result.components) == 2

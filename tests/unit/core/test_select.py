@@ -257,7 +257,12 @@ def test_call_view_agent_name_falls_back_to_the_start() -> None:
             AllOf,
             "all(any(marked(ttl=60s),sampling(0.1)),any(sampling(0.5)))",
         ),
-        ("any(marked,tests.unit.core.test_select:MyStrategy)", {}, AnyOf, "any(marked(ttl=60s),mine)"),
+        (
+            "any(marked,tests.unit.core.test_select:MyStrategy)",
+            {},
+            AnyOf,
+            "any(marked(ttl=60s),mine)",
+        ),
     ],
 )
 def test_build_strategy_spellings(spec: str, kwargs: dict[str, Any], cls: type, name: str) -> None:

@@ -1,0 +1,112 @@
+"""What the core's stages return instead of doing I/O: records to emit and rejects.
+
+A stage step takes a :class:`Source` (one input record as read: topic, partition, offset, key,
+bytes) and ``now``, and returns an :class:`Out`: records per output topic (named by the
+attribute of :class:`streams.topics.Topics`, e.g. ``"trajectories"``), and :class:`Reject`\\ s,
+each a dead letter or a late event with its reason. The live runner sends them to Kafka; replay
+counts and reports them, with the same reasons.
+
+May import: the standard library, :mod:`streams.models` and :mod:`streams.errors`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from ..models import AvroModel, DeadLetter
+
+__all__ = ["Emit", "Out", "Reject", "Source", "dead_letter"]
+
+OutputTopic = Literal[
+    "trajectories", "rewarded", "decisions", "ledger", "windows", "alerts", "commits"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One input record, as the runner read it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+    def where(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass(slots=True)
+class Emit:
+    """A record for an output topic (``topic`` names a :class:`~streams.topics.Topics` field)."""
+
+    topic: OutputTopic
+    key: bytes
+    record: AvroModel
+    partition: int | None = None
+    context: object | None = None
+    """What the record was made from, for a runner that wants it (replay keeps the scored
+    trajectory of a reward); never sent anywhere."""
+
+
+@dataclass(slots=True)
+class Reject:
+    """A record the stage could not use: a dead letter (``stage`` is the stage's name) or a late
+    event (``stage == "late"``). ``source`` is the input record; without one (a decision taken
+    on a clock tick) ``key`` and ``payload`` say what it was about."""
+
+    stage: str
+    reason: str
+    error_type: str
+    source: Source | None = None
+    key: bytes | None = None
+    payload: bytes | None = None
+
+    @property
+    def late(self) -> bool:
+        return self.stage == "late"
+
+
+@dataclass(slots=True)
+class Out:
+    """Everything one step decided."""
+
+    emits: list[Emit] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    def emit(self, topic: OutputTopic, key: bytes, record: AvroModel, **kw: object) -> None:
+        self.emits.append(Emit(topic, key, record, **kw))  # type: ignore[arg-type]
+
+    def reject(self, reject: Reject) -> None:
+        self.rejects.append(reject)
+
+    def extend(self, other: Out) -> Out:
+        self.emits.extend(other.emits)
+        self.rejects.extend(other.rejects)
+        self.stats.update(other.stats)
+        return self
+
+    def records(self, topic: OutputTopic) -> list[AvroModel]:
+        return [e.record for e in self.emits if e.topic == topic]
+
+
+def dead_letter(reject: Reject, now: datetime, worker: str, default_topic: str) -> DeadLetter:
+    """The :class:`~streams.models.DeadLetter` record of a reject (live dead letters, late
+    events, and replay's report all use this)."""
+    src = reject.source
+    return DeadLetter(
+        reason=reject.reason,
+        error_type=reject.error_type,
+        stage=reject.stage,
+        source_topic=src.topic if src else default_topic,
+        source_partition=src.partition if src else -1,
+        source_offset=src.offset if src else -1,
+        key=src.key if src else reject.key,
+        payload=reject.payload if reject.payload is not None else (src.value if src else b""),
+        failed_at=now,
+        worker=worker,
+    )

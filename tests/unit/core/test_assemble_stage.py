@@ -1,0 +1,116 @@
+"""The assemble stage driven with in-memory stores and a fake clock: closing, abandonment,
+late events, bad records. Table-driven; every time is seconds after T0."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from streams.models import SelectionDecision, Trajectory
+from tests.unit.core.harness import Core, tick_record
+from tests.unit.factories import at, end, feedback, start, step
+
+
+def closed_reasons(core: Core) -> list[str]:
+    return [d.closed_reason for d in core.topic("decisions") if isinstance(d, SelectionDecision)]
+
+
+@pytest.mark.parametrize(
+    ("events", "tick_at", "expected"),
+    [
+        # (record, seconds it is read at) ...; tick time; closed reasons after the tick
+        ([(start(), 0), (step(seq=0), 1), (end(step_count=1), 2)], None, ["ended"]),
+        ([(start(), 0), (step(seq=0), 1)], 59, []),
+        ([(start(), 0), (step(seq=0), 1)], 60.001, ["abandoned: no end event"]),
+        ([(start(), 0), (end(step_count=2), 1), (step(seq=0), 2)], 30, []),
+        (
+            [(start(), 0), (end(step_count=2), 1), (step(seq=0), 2)],
+            61,
+            ["abandoned: 1 of 2 steps arrived"],
+        ),
+        # a step after the END still joins: the END said how many to wait for
+        ([(start(), 0), (end(step_count=1), 1), (step(seq=0), 5)], None, ["ended"]),
+    ],
+)
+def test_calls_close_when_complete_or_abandoned_on_the_clock(
+    events: list, tick_at: float | None, expected: list[str]
+) -> None:
+    core = Core()
+    for record, seconds in events:
+        core.event(record, at(seconds))
+    if tick_at is not None:
+        core.tick(at(tick_at))
+    assert closed_reasons(core) == expected
+
+
+def test_a_tick_exactly_at_the_deadline_closes_at_the_next_tick() -> None:
+    core = Core()
+    core.event(start(), at(0))
+    core.tick(at(60))  # not strictly later than abandon_after: still open
+    assert closed_reasons(core) == []
+    core.tick(at(60.5))
+    assert closed_reasons(core) == ["abandoned: no end event"]
+
+
+@pytest.mark.parametrize(
+    ("late_at", "late"),
+    [(10, True), (119, True), (200, False)],  # retention is 120 s after closing at 2 s
+)
+def test_an_event_after_its_call_closed_is_late_until_the_retention_ends(
+    late_at: float, late: bool
+) -> None:
+    core = Core()
+    for record, seconds in [(start(), 0), (step(seq=0), 1), (end(step_count=1), 2)]:
+        core.event(record, at(seconds))
+    core.tick(at(late_at))
+    out = core.event(step(seq=0), at(late_at))  # redelivered after a crash, say
+    if late:
+        assert [r.stage for r in out.rejects] == ["late"]
+        assert "arrived after call call-1 closed" in out.rejects[0].reason
+        assert out.emits == []
+    else:  # forgotten: a new open call, not a late event
+        assert out.rejects == []
+        assert core.pending.get(b"call-1") is not None
+
+
+@pytest.mark.parametrize(
+    ("record", "key", "reason"),
+    [
+        (start(), b"other", "record key b'other' is not its call_id 'call-1'"),
+        (feedback(), None, "io.trajstream.UserFeedback does not belong on agent-events"),
+    ],
+)
+def test_bad_records_are_dead_letters_of_the_stage(record, key, reason: str) -> None:  # type: ignore[no-untyped-def]
+    core = Core()
+    out = core.event(record, at(0), key=key)
+    assert [(r.stage, r.reason[: len(reason)]) for r in out.rejects] == [("assemble", reason)]
+
+
+def test_undecodable_bytes_are_a_dead_letter_not_an_exception() -> None:
+    core = Core()
+    src = core.source("agent-events", start())
+    broken = type(src)(src.topic, 0, 9, b"call-1", b"\x00garbage")
+    out = core.assembler.on_record(broken, at(0))
+    assert [r.stage for r in out.rejects] == ["assemble"]
+
+
+def test_duplicate_events_count_once_and_a_reused_seq_is_a_dead_letter() -> None:
+    core = Core()
+    core.event(start(), at(0))
+    core.event(start(), at(0.5))
+    out = core.event(step(seq=0, event_id="other"), at(1))
+    assert out.rejects == []
+    out = core.event(step(seq=0, event_id="again"), at(1.5))
+    assert "arrived twice with different event ids" in out.rejects[0].reason
+    core.event(end(step_count=1), at(2))
+    (trajectory,) = core.topic("trajectories")
+    assert isinstance(trajectory, Trajectory)
+    assert [s.event_id for s in trajectory.steps] == ["other"]
+
+
+def test_ticks_arriving_on_the_input_topic_are_the_clock() -> None:
+    core = Core(late_retention=timedelta(seconds=5))
+    core.event(start(), at(0))
+    core.event(tick_record(at(61)), at(61))
+    assert closed_reasons(core) == ["abandoned: no end event"]
