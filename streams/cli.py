@@ -50,7 +50,8 @@ def resolve_bootstrap(settings: Settings) -> str:
 
 
 def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
-    from .topics import Topics, create_topics
+    from .io.kafka import create_topics
+    from .topics import Topics
 
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
     return asyncio.run(create_topics(bootstrap, topics.all(), settings.kafka.replication_factor))

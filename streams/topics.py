@@ -1,4 +1,4 @@
-"""The topics of a deployment, their names and partition counts, and creating them.
+"""The topics of a deployment: names and partition counts (created by :mod:`streams.io.kafka`).
 
 All names share the ``kafka.topic_prefix`` setting, so several deployments (or tests) can share a
 cluster. Keyed topics have ``kafka.partitions`` partitions and are co-partitioned by call_id, so
@@ -21,17 +21,13 @@ topic                         partitions  records
 <prefix>.decisions            N           SelectionDecision (one per closed call)
 <prefix>.late-events          N           DeadLetter (stage "late": arrived after its call closed)
 <prefix>.alerts               1           DriftAlert
+<prefix>.replayed             1           FeedbackAck, CommitRecord, LedgerState per replay id
 ============================  ==========  =========================================
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
-
-from .errors import BrokerError
 
 __all__ = ["Topics", "create_topics"]
 
@@ -92,6 +88,12 @@ class Topics:
     def alerts(self) -> str:
         return self._t("alerts")
 
+    @property
+    def replayed(self) -> str:
+        """What replays got acknowledged (1 partition, compacted; created by the first replay
+        to Trinity, not by the worker: not in :meth:`all`)."""
+        return self._t("replayed")
+
     def all(self) -> dict[str, int]:
         """Every topic with its partition count."""
         n = self.partitions
@@ -112,32 +114,7 @@ class Topics:
 
 
 async def create_topics(bootstrap: str, wanted: dict[str, int], replication: int = 1) -> list[str]:
-    """Create the topics that do not exist yet; returns the names created.
+    """Compatibility: :func:`streams.io.kafka.create_topics`, where every Kafka client is built."""
+    from .io.kafka import create_topics as create
 
-    An existing topic with another partition count is an error: co-partitioning would break.
-    """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
-    try:
-        await admin.start()
-    except Exception as exc:
-        raise BrokerError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
-    try:
-        existing = set(await admin.list_topics())
-        if existing & set(wanted):
-            described = await admin.describe_topics([t for t in wanted if t in existing])
-            for desc in described:
-                name, have = desc["topic"], len(desc["partitions"])
-                if have != wanted[name]:
-                    raise BrokerError(
-                        f"topic {name} has {have} partitions, the settings say {wanted[name]} "
-                        "(kafka.partitions): co-partitioned topics must agree"
-                    )
-        missing = [NewTopic(t, n, replication) for t, n in wanted.items() if t not in existing]
-        if missing:
-            try:
-                await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass  # another worker created them at the same moment
-        return [t.name for t in missing]
-    finally:
-        await admin.close()
+    return await create(bootstrap, wanted, replication)

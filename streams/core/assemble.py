@@ -6,8 +6,8 @@ marker per closed call, kept ``late_retention`` so that a late event is recorded
 twice and never dropped). The rules of assembly are in :mod:`streams.core.assembly`; this
 module applies them to records and to the clock:
 
-- :meth:`Assembler.on_record`: one record of ``<p>.agent-events`` (a Tick is handed to
-  :meth:`on_tick`);
+- :meth:`Assembler.on_record`: one record of ``<p>.agent-events`` (or a Tick of ``<p>.ticks``,
+  handed to :meth:`on_tick`: only that topic moves the clock, so no input record can);
 - :meth:`Assembler.on_tick`: time passed on a partition: abandon calls open too long, forget
   closed calls past their retention.
 
@@ -66,7 +66,9 @@ class Assembler:
         pending: Store,
         closed: Store,
         codec: SchemaRegistry,
+        ticks_topic: str = "ticks",
     ) -> None:
+        self.ticks_topic = ticks_topic
         self.strategy = strategy
         self.limits = limits
         self.late_retention = late_retention
@@ -88,7 +90,7 @@ class Assembler:
         out = Out()
         try:
             record = self.codec.decode(src.value)
-            if isinstance(record, Tick):
+            if isinstance(record, Tick) and src.topic == self.ticks_topic:
                 return self.on_tick(src.partition, record.at)
             if not isinstance(record, AgentCall | Completion):
                 raise RecordError(f"{record.avro_name} does not belong on {src.topic}")

@@ -4,6 +4,8 @@
 :class:`~streams.models.AwaitingReward`: the trajectory, the user feedback seen so far, and
 since when it waits). The rules, in one place for the live worker and replay:
 
+- only ``<p>.trajectories`` carries trajectories and only ``<p>.ticks`` moves the clock: a
+  trajectory or a tick on ``<p>.user-feedback`` is a dead letter;
 - a trajectory closed as abandoned or oversized is not scored unless ``score_incomplete``;
 - user feedback is attached by call_id, each ``event_id`` once, before or after the trajectory;
 - a reward function that ``wants_feedback`` waits up to ``feedback_grace`` from the
@@ -53,7 +55,11 @@ class RewardJoin:
         feedback_grace: timedelta,
         abandon_after: timedelta,
         score_incomplete: bool,
+        trajectories_topic: str = "trajectories",
+        ticks_topic: str = "ticks",
     ) -> None:
+        self.trajectories_topic = trajectories_topic
+        self.ticks_topic = ticks_topic
         self.rewarder = rewarder
         self.awaiting = awaiting
         self.codec = codec
@@ -70,9 +76,11 @@ class RewardJoin:
         out = Out()
         try:
             record = self.codec.decode(src.value)
-            if isinstance(record, Tick):
+            if isinstance(record, Tick) and src.topic == self.ticks_topic:
                 return self.on_tick(src.partition, record.at)
-            if not isinstance(record, Trajectory | UserFeedback):
+            # a trajectory only from the assemble stage's topic: no input topic can inject one
+            wanted = Trajectory if src.topic == self.trajectories_topic else UserFeedback
+            if not isinstance(record, wanted):
                 raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
             self._join(src, record, now, out)
         except RecordError as exc:
@@ -82,7 +90,7 @@ class RewardJoin:
     def on_trajectory(self, trajectory: Trajectory, partition: int, now: datetime) -> Out:
         """A trajectory handed over in memory (replay), as if read from ``<p>.trajectories``."""
         key = trajectory.call_id.encode()
-        src = Source("trajectories", partition, -1, key, self.codec.encode(trajectory))
+        src = Source(self.trajectories_topic, partition, -1, key, self.codec.encode(trajectory))
         return self.on_record(src, now)
 
     def _join(

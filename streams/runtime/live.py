@@ -155,6 +155,7 @@ class Pipeline:
             pending=TableStore(self.pending),
             closed=TableStore(self.closed),
             codec=self.codec,
+            ticks_topic=self.topics.ticks,
         )
         self.reward_join = RewardJoin(
             self.rewarder,
@@ -163,6 +164,8 @@ class Pipeline:
             feedback_grace=timedelta(seconds=settings.reward.feedback_grace_s),
             abandon_after=self.limits.abandon_after,
             score_incomplete=settings.reward.score_incomplete,
+            trajectories_topic=self.topics.trajectories,
+            ticks_topic=self.topics.ticks,
         )
         self.ledger_stage = LedgerStage(
             self.ledger_cfg, store=TableStore(self.ledger), codec=self.codec

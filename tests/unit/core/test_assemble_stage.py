@@ -109,8 +109,14 @@ def test_duplicate_events_count_once_and_a_reused_seq_is_a_dead_letter() -> None
     assert [s.event_id for s in trajectory.steps] == ["other"]
 
 
-def test_ticks_arriving_on_the_input_topic_are_the_clock() -> None:
+def test_only_the_ticks_topic_moves_the_clock() -> None:
     core = Core(late_retention=timedelta(seconds=5))
     core.event(start(), at(0))
-    core.event(tick_record(at(61)), at(61))
-    assert closed_reasons(core) == ["abandoned: no end event"]
+    out = core.event(tick_record(at(61)), at(1), key=b"call-1")  # a Tick on agent-events
+    assert [r.reason for r in out.rejects] == [
+        "io.trajstream.Tick does not belong on agent-events"
+    ]
+    assert closed_reasons(core) == []
+    src = core.source("ticks", tick_record(at(61)))
+    core.assembler.on_record(src, at(2))
+    assert core.pending.get(b"call-1") is None  # closed as abandoned by the real clock

@@ -107,3 +107,20 @@ def test_a_reward_function_that_fails_is_a_reward_dead_letter() -> None:
     assert core.topic("rewarded") == []
     ((stage, reason),) = core.rejects()
     assert stage == "reward" and "boom" in reason
+
+
+def test_a_trajectory_or_a_tick_on_the_user_feedback_topic_is_a_dead_letter() -> None:
+    """No input topic can inject training data or move the clock."""
+    from tests.unit.core.harness import tick_record
+    from tests.unit.factories import trajectory
+
+    core = Core()
+    out = core.feedback(trajectory(), at(0))
+    assert [(r.stage, r.reason) for r in out.rejects] == [
+        ("reward", "io.trajstream.Trajectory does not belong on user-feedback")
+    ]
+    out = core.feedback(tick_record(at(0)), at(0))
+    assert [r.reason for r in out.rejects] == [
+        "io.trajstream.Tick does not belong on user-feedback"
+    ]
+    assert core.topic("rewarded") == []

@@ -249,8 +249,8 @@ def test_calls_that_close_before_since_are_context_only() -> None:
         (SourceRecord("event", 0, 0, T0, b"k", b"not avro"), "single-object"),
         (SourceRecord("event", 0, 0, T0, b"c1", CODEC.encode(Tick(at=T0))), "does not belong"),
         (SourceRecord("feedback", 0, 0, T0, b"c1", CODEC.encode(start("c1"))), "does not belong"),
-        (rec(start("c1"), 0, key=b"other"), "key is not its call_id"),
-        (rec(feedback("c1"), 0, key=b""), "key is not its call_id"),
+        (rec(start("c1"), 0, key=b"other"), "is not its call_id"),
+        (rec(feedback("c1"), 0, key=b""), "is not its call_id"),
     ],
     ids=["garbage", "tick-on-events", "event-on-feedback", "wrong-key", "feedback-no-key"],
 )
