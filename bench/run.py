@@ -609,7 +609,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         only.discard("soak")
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+        ),
         "partitions": PARTITIONS,
     }
     tmp = Path(tempfile.mkdtemp(prefix="trajstream-bench-"))
@@ -728,7 +730,8 @@ def verdicts(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         a, b = r["state"]["small"]["events_per_s"], r["state"]["large"]["events_per_s"]
         rows.append(
             (
-                f"per-event cost, {r['state']['large']['open_trajectories']:,} vs {r['state']['small']['open_trajectories']:,} open",
+                f"per-event cost, {r['state']['large']['open_trajectories']:,} vs "
+                f"{r['state']['small']['open_trajectories']:,} open",
                 f"{b:,.0f} vs {a:,.0f} ev/s",
                 f"{(a / b if b else float('nan')):.2f}x cost",
                 "~1.0x (flat)",

@@ -14,6 +14,8 @@
 Every command reads the settings (environment ``TRAJSTREAM_*``, ``--config FILE``); a bad
 setting stops it at once with the setting's name. Exit codes: 0 ok, 1 failure, 2 usage or
 configuration error.
+
+May import: anything in the package (the devtools lazily, per subcommand).
 """
 
 from __future__ import annotations

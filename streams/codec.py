@@ -16,6 +16,8 @@ Example::
     codec = SchemaRegistry.default()
     data = codec.encode(call)            # bytes for Kafka
     again = codec.decode(data)           # the same AgentCall
+
+May import: fastavro, pydantic, :mod:`streams.models`, :mod:`streams.errors`.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ Whether an operation may be retried is data on the class (``retriable``)::
     │   └── TrinityUnavailable 5xx, timeout, connection error: retried with backoff
     ├── BrokerError            the local Kafka broker could not be fetched, started or reached
     └── ProduceError           an input file has invalid lines, or publishing failed
+
+May import: the standard library only.
 """
 
 from __future__ import annotations

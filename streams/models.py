@@ -7,6 +7,8 @@ plain ``model_dump()`` on the way out and ``model_validate()`` on the way in.
 
 Timestamps are timezone-aware UTC datetimes truncated to milliseconds, the precision of Avro's
 ``timestamp-millis``; a naive datetime is refused rather than guessed at.
+
+May import: pydantic and the standard library only.
 """
 
 from __future__ import annotations

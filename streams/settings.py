@@ -5,6 +5,8 @@ Read from, in order of precedence: keyword arguments, environment variables pref
 (TOML or YAML) named by ``TRAJSTREAM_CONFIG`` or ``--config``, then defaults. The standard
 ``KAFKA_BOOTSTRAP_SERVERS`` variable is honoured for the broker too. A bad value fails at start
 with :class:`~streams.errors.ConfigError` naming the setting and the environment variable.
+
+May import: pydantic, pydantic-settings, :mod:`streams.errors`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ class _Section(BaseModel):
 class KafkaSettings(_Section):
     bootstrap_servers: str | None = Field(
         default=None,
-        description="host:port[,host:port]; unset: the local broker started by `trajstream broker start`",
+        description=(
+            "host:port[,host:port]; unset: the local broker started by `trajstream broker start`"
+        ),
     )
     topic_prefix: str = Field(default="trajstream", pattern=r"^[A-Za-z0-9._-]+$")
     partitions: PositiveInt = Field(default=4, description="partitions of the keyed topics")

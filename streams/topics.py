@@ -23,6 +23,8 @@ topic                         partitions  records
 <prefix>.alerts               1           DriftAlert
 <prefix>.replayed             1           FeedbackAck, CommitRecord, LedgerState per replay id
 ============================  ==========  =========================================
+
+May import: the standard library (``create_topics`` defers to :mod:`streams.io.kafka`).
 """
 
 from __future__ import annotations

@@ -4,10 +4,15 @@ For producers in other languages and for captured traffic. One event per line, a
 ``type`` of ``agent_call``, ``completion`` or ``user_feedback`` and the fields of that record
 (see ``schemas/``; timestamps as ISO 8601 with a timezone, e.g. ``2026-01-31T12:00:00Z``)::
 
-    {"type": "agent_call", "event_id": "e1", "call_id": "c1", "phase": "START", "event_time": "2026-01-31T12:00:00Z"}
+    {"type": "agent_call", "event_id": "e1", "call_id": "c1", "phase": "START",
+     "event_time": "2026-01-31T12:00:00Z"}
+
+(shown on two lines here; one line in the file)
 
 Every line is validated before anything is published. Invalid lines are reported with their line
 number and reason, and then nothing is published unless ``skip_invalid`` is set.
+
+May import: pydantic, the top-level modules (models, codec).
 """
 
 from __future__ import annotations

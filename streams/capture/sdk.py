@@ -16,6 +16,8 @@ Example::
 
 Leaving the ``call`` block publishes the END event with the number of steps, with status OK, or
 ERROR (and the exception's type) when the block raised, or CANCELLED when it was cancelled.
+
+May import: aiokafka, the top-level modules (models, codec, topics).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ Rules:
 - a call is complete at its END once it holds ``step_count`` steps (when the END says how many);
 - a call that stays open longer than the abandon timeout is closed as ``abandoned``;
 - a call that exceeds the step or byte limit is closed at once as ``oversized``.
+
+May import: the standard library, :mod:`streams.models`, the core.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ Reward windows
 Unlike Faust's windowed tables, nothing here depends on a wall-clock cleanup timer or on
 in-memory registration that a restart forgets: the state is one record in a changelog-backed
 table, and the clock arrives as data.
+
+May import: the standard library, :mod:`streams.models`.
 """
 
 from __future__ import annotations

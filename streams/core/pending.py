@@ -8,6 +8,8 @@ decoded or re-encoded. The array items carry the event's id, kind, seq, the END'
 size beside its bytes, so :func:`progress` reads what the assembly decides on with a reader
 schema that skips the bytes (Avro schema resolution), and only a closing call decodes its
 events (:func:`pending_call`).
+
+May import: fastavro, :mod:`streams.codec`, :mod:`streams.models`, the core.
 """
 
 from __future__ import annotations

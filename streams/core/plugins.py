@@ -3,6 +3,8 @@
 Reward functions and selection strategies are plugins. A name with a colon is imported as
 ``module:attribute``; a bare name is looked up among the ``trajstream.rewards`` and
 ``trajstream.strategies`` entry points of installed packages.
+
+May import: the standard library, :mod:`streams.errors`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ others with the weights normalised to 1::
 :class:`Rewarder` applies one function and refuses a result that is NaN or infinite, or a
 function that raises: :class:`~streams.errors.RewardError`, and the trajectory goes to the
 dead-letter topic instead of Trinity.
+
+May import: the standard library, :mod:`streams.models`, :mod:`streams.errors`, the core.
 """
 
 from __future__ import annotations

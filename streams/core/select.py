@@ -19,6 +19,8 @@ for the same call.
   name or model (``per-agent(support-bot=sampling:0.5,*=sampling:0.05)``).
 - Plugins: any class with ``name`` and ``decide(call) -> Selection`` (the :class:`Strategy`
   protocol), named by dotted path ``package.module:Class`` in the settings.
+
+May import: the standard library, :mod:`streams.models`, :mod:`streams.errors`, the core.
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ A broker's data dir holds its ``server.properties``, its Kafka log segments unde
 stdout and stderr). When the broker fails to start, the error quotes the end of both.
 
 POSIX only: the broker runs in its own process group, which is signalled as a whole.
+
+Why one module of ~900 lines: fetching, rendering the configuration, starting, probing and
+stopping one broker share its file layout and process handling; none of it is product code.
+
+May import: the standard library, aiokafka (to probe readiness), :mod:`streams.errors`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ calls whose response ids come from the stand-in's chat endpoint, explicitly mark
 calls, user ratings), waits until every selected call was fed back and committed, and prints a
 summary read back from the topics, checked against what the stand-in received. Everything it
 started is stopped, also on failure or Ctrl-C.
+
+May import: anything in the package; a dev tool, never imported by the product.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ DEMO_SETTINGS = {
     "TRAJSTREAM_SELECTION__STRATEGY": "any(marked,sampling)",
     "TRAJSTREAM_SELECTION__RATE": "0.25",
     "TRAJSTREAM_REWARD__FUNCTION": "composite",
-    "TRAJSTREAM_REWARD__WEIGHTS": '{"streams.rewards:success": 0.5, "streams.rewards:user_rating": 0.3, '
+    "TRAJSTREAM_REWARD__WEIGHTS": '{"streams.rewards:success": 0.5, '
+    '"streams.rewards:user_rating": 0.3, '
     '"streams.rewards:latency_efficiency": 0.2}',
     "TRAJSTREAM_REWARD__FEEDBACK_GRACE_S": "3",
     "TRAJSTREAM_ASSEMBLY__TICK_S": "1",
@@ -107,7 +110,7 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
         )
         log_path = tmp / "worker.log"
         with log_path.open("wb") as log_file:
-            worker = subprocess.Popen(
+            worker = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block
                 [sys.executable, "-m", "streams.cli", "worker"],
                 env=env,
                 stdout=log_file,

@@ -1,7 +1,7 @@
 """A stand-in for a Trinity-RFT explorer in serve mode, for tests, demos and local runs.
 
 :class:`StandIn` is an aiohttp server that answers the routes of
-``/work/shared/trinity-contract.md`` the way Trinity does, without a model or a trainer:
+Trinity-RFT's serve mode the way Trinity does, without a model or a trainer:
 
 - ``POST /v1/chat/completions`` serves an OpenAI chat completion with a fresh
   ``chatcmpl-<uuid hex>`` id, the request's ``model`` echoed, a short deterministic reply derived
@@ -37,6 +37,11 @@ the open keep-alive connections, so clients see connection errors, and it cannot
 HTTP (nothing listens): it ends after ``seconds``, or in process via :meth:`StandIn.set_fault`.
 Faults never affect ``/_standin/`` routes or the chat, models, health and metrics routes
 (except ``down``, which affects everything).
+
+Why one module of ~750 lines: it is one server whose routes share one state and one fault
+switch; the gateway work edits it in parallel, so it is split only after that lands.
+
+May import: anything; a dev tool, never imported by the product (core, runtime, io, capture).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Each simulated call is a real multi-step agent run: its LLM steps are served by a
 Trinity-compatible chat endpoint (so their response ids are msg_ids Trinity knows), its tool
 steps are invented, and it is published with the SDK exactly as an agent in production would.
+
+May import: anything in the package; a dev tool, never imported by the product.
 """
 
 from __future__ import annotations

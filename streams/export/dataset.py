@@ -21,6 +21,8 @@ last and lists, per file, its row count, checksum and a trace of every row back 
 The pipeline records tool calls by name only (``Completion.tool_calls``), without arguments or
 ids: an SFT row gives each one a synthetic id (``call_<seq>_<n>``) and ``"{}"`` as arguments
 unless the recorded entry is itself a JSON object with ``name`` and ``arguments``.
+
+May import: pydantic, the top-level modules.
 """
 
 from __future__ import annotations

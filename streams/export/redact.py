@@ -16,6 +16,8 @@ Example::
     r.redact("mail bob@example.com, key sk-abcdefghijklmnopqrstuvwx, ticket ACME-1234")
     # 'mail [EMAIL], key [SECRET], ticket [REDACTED]'
     r.counts   # Counter({'custom': 1, 'secret': 1, 'email': 1})
+
+May import: the standard library, :mod:`streams.errors`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The async HTTP client for a Trinity-RFT explorer in serve mode.
 
-:class:`TrinityClient` speaks the routes of ``/work/shared/trinity-contract.md`` exactly:
+:class:`TrinityClient` speaks the routes of Trinity-RFT's serve mode exactly:
 ``/feedback``, ``/commit``, ``/metrics``, ``/health`` and ``/v1/chat/completions``. It works
 unchanged against a real Trinity server and against :mod:`streams.devtools.standin`. It validates a
 feedback request locally before sending it (a request Trinity would silently mis-store is a bug
@@ -20,6 +20,8 @@ Example::
         reply = await trinity.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         await trinity.feedback([reply["id"]], 1.0, task_id="task-1", run_id=0)
         await trinity.commit()
+
+May import: httpx, httpx-aiohttp, :mod:`streams.errors`, :mod:`streams.core.retry`.
 """
 
 from __future__ import annotations

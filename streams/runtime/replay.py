@@ -26,16 +26,13 @@ Not the devtools.
 from __future__ import annotations
 
 import asyncio
-import functools
-import heapq
 import logging
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..codec import SchemaRegistry
 from ..core.assemble import Assembler
@@ -46,29 +43,23 @@ from ..core.backfill import (
     Outcome,
     ack_key,
     commit_key,
-    ledger_key,
     plan_feedback,
     read_ledger,
     replay_id,
     replayed_topic,
 )
 from ..core.clock import RecordClock
-from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source
-from ..core.ledger import CommitPlan
-from ..core.retry import RetryPolicy
 from ..core.reward_join import NOTHING_TRAINABLE, RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
 from ..core.select import Strategy, build_strategy
 from ..core.store import MemoryStore
-from ..errors import BrokerError, ConfigError, RecordError, TrinityError, TrinityRejected
+from ..errors import BrokerError, ConfigError, RecordError
 from ..export.build import build_exports
-from ..export.dataset import EXPORT_SCHEMA_VERSION, ExportFile, check_writable, write_export
+from ..export.dataset import ExportFile, check_writable, write_export
 from ..export.redact import Redactor
 from ..io import kafka
 from ..models import (
-    CommitRecord,
-    FeedbackAck,
     LedgerState,
     RewardedTrajectory,
     SelectionDecision,
@@ -77,8 +68,16 @@ from ..models import (
     utcnow,
 )
 from ..topics import Topics
+from .replay_io import (
+    SourceRecord,
+    manifest,
+    read_range,
+    read_replayed,
+    resolve_range,
+    send_to_trinity,
+)
 from .replay_options import OffsetRange, ReplayError, ReplayOptions, parse_offsets, parse_time
-from .replay_report import Comparison, Distribution, compare, print_summary, progress
+from .replay_report import Comparison, Distribution, compare, print_summary
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -115,18 +114,6 @@ END_OF_TIME = datetime.max.replace(tzinfo=UTC)
 """The clock :meth:`ReplayRunner.finish` gives the reward stages: every grace period is over."""
 
 log = logging.getLogger("trajstream.replay")
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One input record as read from Kafka: which input it came from, where, when, and bytes."""
-
-    kind: Literal["event", "feedback"]
-    partition: int
-    offset: int
-    timestamp: datetime
-    key: bytes | None
-    value: bytes
 
 
 class ReplayRunner:
@@ -203,6 +190,8 @@ class ReplayRunner:
         """Why records were unusable (the live workers' dead letters), with counts."""
         self.reasons: Counter[str] = Counter()
         """Selection reasons of the calls closed in the range."""
+        self.decisions: list[SelectionDecision] = []
+        """The selection decision of every call closed in the range, in closing order."""
         self._feedback: dict[str, list[UserFeedback]] = {}
         self._by_call: dict[str, Outcome] = {}
         self._finished = False
@@ -272,6 +261,7 @@ class ReplayRunner:
                 before_range.add(decision.call_id)
                 continue
             selected = decision.selection.selected
+            self.decisions.append(decision)
             self.stats["calls.closed"] += 1
             self.stats[f"calls.{'selected' if selected else 'not_selected'}"] += 1
             self.stats[f"calls.closed_{decision.closed_reason.split(':')[0]}"] += 1
@@ -458,7 +448,7 @@ async def run_replay(
     # CancelledError out of aiokafka's stop() (no-group mode)
     await asyncio.sleep(0)
     try:
-        ranges, source = await _resolve(consumer, topics, prefix, options, started, lookback)
+        ranges, source = await resolve_range(consumer, topics, prefix, options, started, lookback)
         core = ReplayRunner(
             strategy,
             rewarders,
@@ -475,11 +465,11 @@ async def run_replay(
             codec=codec,
         )
         result = ReplayResult(rid, core, source, dry_run=dry_run)
-        result.records = await _read(consumer, ranges, core, progress_console)
+        result.records = await read_range(consumer, ranges, core, progress_console)
         end_of_range = options.until or (None if options.offsets else started)
         core.finish(end_of_range)
         if "trinity" in options.to:
-            acknowledged, uncommitted, result.ledger = await _acknowledged(
+            acknowledged, uncommitted, result.ledger = await read_replayed(
                 consumer, topics, names.replayed, rid, codec
             )
             result.acknowledged_before = len(acknowledged)
@@ -500,7 +490,7 @@ async def run_replay(
         )
     ):
         pacer.pending = result.uncommitted_before
-        await _send(
+        await send_to_trinity(
             settings, bootstrap, client_id, rid, result, pacer, progress_console, trinity, codec
         )
     if "files" in options.to:
@@ -513,7 +503,7 @@ async def run_replay(
         if not result.dry_run:
             assert options.out is not None
             result.manifest = write_export(
-                options.out, result.exports, _manifest(result, settings, options, redactor, codec)
+                options.out, result.exports, manifest(result, settings, options, redactor, codec)
             )
     if redactor.enabled:
         result.redactions = {
@@ -522,322 +512,3 @@ async def run_replay(
         }
     print_summary(console, result, options)
     return result
-
-
-async def _resolve(
-    consumer: Any,
-    existing: dict[str, list[int]],
-    prefix: str,
-    options: ReplayOptions,
-    now: datetime,
-    lookback: timedelta,
-) -> tuple[dict[Any, tuple[int, int]], dict[str, Any]]:
-    """The offsets to read, per topic partition, and the description of the source."""
-    from aiokafka import TopicPartition
-
-    events, feedback = f"{prefix}.agent-events", f"{prefix}.user-feedback"
-    inputs = [t for t in (events, feedback) if t in existing]
-    tps = [TopicPartition(t, p) for t in inputs for p in existing[t]]
-    first = await consumer.beginning_offsets(tps)
-    last = await consumer.end_offsets(tps)
-    ranges: dict[Any, tuple[int, int]] = {}
-    source: dict[str, Any] = {"prefix": prefix, "topics": {}}
-
-    if options.offsets:
-        for spec in options.offsets:
-            if spec.topic not in existing:
-                raise ConfigError(f"unknown topic {spec.topic}")
-            tp = TopicPartition(spec.topic, spec.partition)
-            if tp not in last:
-                raise ConfigError(f"{spec.topic} has no partition {spec.partition}")
-            start = max(spec.start, first[tp])
-            end = min(spec.end if spec.end is not None else last[tp], last[tp])
-            ranges[tp] = (start, max(start, end))
-        if not any(e > s for s, e in ranges.values()):
-            raise ReplayError("the --offsets select no records (the partitions hold none there)")
-        source["mode"] = "offsets"
-    else:
-        since, until = options.since, options.until
-        read_from = await kafka.offsets_at(
-            consumer, tps, since - lookback if since else None, first, last
-        )
-        in_range = await kafka.offsets_at(consumer, tps, since, first, last)
-        read_to = await kafka.offsets_at(consumer, tps, until, last, last)
-        for tp in tps:
-            ranges[tp] = (read_from[tp], max(read_from[tp], read_to[tp]))
-        in_range_events = sum(
-            max(0, read_to[tp] - in_range[tp]) for tp in tps if tp.topic == events
-        )
-        if in_range_events == 0:
-            raise ReplayError(
-                f"no agent events in {events} from {since.isoformat() if since else 'the start'}"
-                f" to {until.isoformat() if until else 'now'}"
-            )
-        source.update(
-            mode="time",
-            since=since.isoformat() if since else None,
-            until=(until or now).isoformat(),
-            lookback_s=lookback.total_seconds(),
-            events_in_range=in_range_events,
-        )
-    for tp, (start, end) in sorted(ranges.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
-        source["topics"].setdefault(tp.topic, {})[str(tp.partition)] = [start, end]
-    return ranges, source
-
-
-async def _read(
-    consumer: Any, ranges: dict[Any, tuple[int, int]], core: ReplayRunner, console: Console
-) -> int:
-    """Read the ranges partition by partition, each partition's events and feedback merged by
-    timestamp (the order the live stages saw them in), into the core."""
-    total = sum(end - start for start, end in ranges.values())
-    by_partition: dict[int, list[Any]] = {}
-    for tp in ranges:
-        by_partition.setdefault(tp.partition, []).append(tp)
-    done = 0
-    with progress(console) as bar:
-        task = bar.add_task("reading", total=total)
-        for partition in sorted(by_partition):
-            tps = [tp for tp in by_partition[partition] if ranges[tp][1] > ranges[tp][0]]
-            if not tps:
-                continue
-            fetched = await _fetch(
-                consumer, {tp: ranges[tp] for tp in tps}, lambda n: bar.advance(task, n)
-            )
-            streams = [
-                [
-                    _source(m, "event" if tp.topic.endswith(".agent-events") else "feedback")
-                    for m in fetched[tp]
-                ]
-                for tp in sorted(tps, key=lambda tp: not tp.topic.endswith(".agent-events"))
-            ]
-            for record in heapq.merge(*streams, key=lambda r: r.timestamp):
-                core.feed(record)
-            done += sum(ranges[tp][1] - ranges[tp][0] for tp in tps)
-            bar.update(task, completed=done)
-    return sum(core.stats[k] for k in ("records.event", "records.feedback"))
-
-
-def _source(message: Any, kind: Literal["event", "feedback"]) -> SourceRecord:
-    return SourceRecord(
-        kind=kind,
-        partition=message.partition,
-        offset=message.offset,
-        timestamp=datetime.fromtimestamp(message.timestamp / 1000, UTC),
-        key=message.key,
-        value=message.value or b"",
-    )
-
-
-async def _fetch(
-    consumer: Any, ranges: dict[Any, tuple[int, int]], advance: Callable[[int], None]
-) -> dict[Any, list[Any]]:
-    try:
-        return await kafka.fetch_ranges(consumer, ranges, advance)
-    except BrokerError as exc:
-        raise ReplayError(str(exc)) from exc
-
-
-async def _acknowledged(
-    consumer: Any, existing: dict[str, list[int]], topic: str, rid: str, codec: SchemaRegistry
-) -> tuple[set[str], int, LedgerState | None]:
-    """What ``<p>.replayed`` says of replay ``rid`` (see :func:`read_ledger`), and its commit
-    ledger."""
-    from aiokafka import TopicPartition
-
-    if topic not in existing:
-        return set(), 0, None
-    tps = [TopicPartition(topic, p) for p in existing[topic]]
-    first = await consumer.beginning_offsets(tps)
-    last = await consumer.end_offsets(tps)
-    ranges = {tp: (first[tp], last[tp]) for tp in tps if last[tp] > first[tp]}
-    if not ranges:
-        return set(), 0, None
-    fetched = await _fetch(consumer, ranges, lambda n: None)
-    messages = [m for tp in sorted(fetched) for m in fetched[tp]]
-    acknowledged, uncommitted = read_ledger((m.key for m in messages), rid)
-    key = ledger_key(rid)
-    ledgers = [m.value for m in messages if m.key == key and m.value]
-    ledger = codec.decode_as(ledgers[-1], LedgerState) if ledgers else None
-    return acknowledged, uncommitted, ledger
-
-
-async def _send(
-    settings: Settings,
-    bootstrap: str,
-    client_id: str,
-    rid: str,
-    result: ReplayResult,
-    pacer: CommitPacer,
-    console: Console,
-    trinity_factory: Callable[[], TrinityClient] | None,
-    codec: SchemaRegistry,
-) -> None:
-    """Feedback for every planned trajectory, each acknowledgement recorded on
-    ``<p>.replayed`` before the commit that carries it; commits by the protocol of
-    :mod:`streams.core.commits` (the replay's :class:`~streams.models.LedgerState` under
-    ``<replay_id>#ledger`` is the write-ahead record)."""
-    from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
-
-    assert result.plan is not None
-    topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).replayed
-    await kafka.ensure_compacted(bootstrap, topic, settings.kafka.replication_factor)
-    producer = kafka.producer(bootstrap, client_id=client_id)
-    trinity = (
-        trinity_factory
-        or (
-            lambda: TrinityClient(
-                settings.trinity.url,
-                timeout=settings.trinity.timeout_s,
-                max_connections=settings.trinity.max_connections,
-            )
-        )
-    )()
-    policy = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
-    state = result.ledger.model_copy(deep=True) if result.ledger else LedgerState()
-
-    async def retried(call: Callable[[], Any], what: str) -> tuple[int, Any]:
-        try:
-            return await retrying(call, policy, what)
-        except TrinityGaveUp as exc:
-            raise ReplayError(
-                f"{what}: {exc}; re-run the replay to resume (acknowledged feedback is skipped)"
-            ) from exc
-
-    await producer.start()
-    try:
-        recorded: list[Any] = []
-        batch: list[float] = []
-        opened = utcnow()
-
-        async def save(s: LedgerState) -> None:
-            await producer.send_and_wait(topic, key=ledger_key(rid), value=codec.encode(s))
-
-        async def publish(record: CommitRecord) -> None:
-            nonlocal opened
-            if record.sent:
-                result.commits += 1
-            await producer.send_and_wait(topic, key=commit_key(rid), value=codec.encode(record))
-            await save(state)
-            pacer.committed(time.monotonic())
-            batch.clear()
-            opened = utcnow()
-
-        class Port:
-            """Trinity for the commit protocol, each call under the one retry policy."""
-
-            async def metrics(self) -> dict[str, Any]:
-                return (await retried(trinity.metrics, "metrics"))[1]  # type: ignore[no-any-return]
-
-            async def commit(self) -> dict[str, Any]:
-                return (await retried(trinity.commit, "commit"))[1]  # type: ignore[no-any-return]
-
-        port = Port()
-
-        async def commit() -> None:
-            await asyncio.gather(*recorded)  # the acks are durable before the commit
-            recorded.clear()
-            now = utcnow()
-            plan = CommitPlan(
-                seq=state.next_seq,
-                interval_start=opened,
-                interval_end=now,
-                count=pacer.pending,
-                reward_sum=sum(batch),
-                reward_min=min(batch, default=0.0),
-                reward_max=max(batch, default=0.0),
-            )
-            record = await write_ahead_commit(state, plan, port, save)
-            if record is None:
-                raise ReplayError("commit: Trinity failed; re-run the replay to commit")
-            # the rewards this run saw (an interrupted run's acknowledgements have none here)
-            record.reward_mean = statistics.fmean(batch) if batch else None
-            record.reward_min = min(batch, default=None)
-            record.reward_max = max(batch, default=None)
-            await publish(record)
-
-        if state.pending_commit is not None:
-            # an earlier run was stopped between writing its commit ahead and recording it
-            record = await resolve_commit(state, port)
-            if record is None:
-                raise ReplayError("cannot resolve the interrupted commit; re-run the replay")
-            await publish(record)
-            pacer.pending = 0
-
-        with progress(console) as bar:
-            task = bar.add_task("feedback to Trinity", total=len(result.plan.send))
-            for rewarded in result.plan.send:
-                result.sent += 1
-                send = functools.partial(
-                    trinity.feedback,
-                    rewarded.msg_ids,
-                    rewarded.reward,
-                    rewarded.task_id,
-                    rewarded.run_id,
-                )
-                try:
-                    attempts, _ = await retried(send, f"feedback for {rewarded.call_id}")
-                except TrinityRejected as exc:
-                    result.rejected.append((rewarded.call_id, str(exc)))
-                    bar.advance(task)
-                    continue
-                result.acked += 1
-                batch.append(rewarded.reward)
-                ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
-                recorded.append(
-                    await producer.send(
-                        topic, key=ack_key(rid, rewarded.trajectory_id), value=codec.encode(ack)
-                    )
-                )
-                if pacer.acked(time.monotonic()):
-                    await commit()
-                bar.advance(task)
-            if pacer.final():
-                await commit()
-        await asyncio.gather(*recorded)
-    except TrinityError as exc:
-        raise ReplayError(f"Trinity: {exc}") from exc
-    finally:
-        await producer.stop()
-        await trinity.aclose()
-
-
-def _manifest(
-    result: ReplayResult,
-    settings: Settings,
-    options: ReplayOptions,
-    redactor: Redactor,
-    codec: SchemaRegistry,
-) -> dict[str, Any]:
-    from ..models import RewardedTrajectory as RT
-    from ..models import Trajectory as T
-
-    core = result.core
-    scored = [r.reward for _, r in core.scored()]
-    return {
-        "export_schema_version": EXPORT_SCHEMA_VERSION,
-        "created_at": utcnow().isoformat(),
-        "replay_id": result.replay_id,
-        "source": result.source,
-        "strategy": core.strategy.name,
-        "reward": {"function": core.rewarders[0].name, "version": core.rewarders[0].version},
-        "settings": {
-            "abandon_after_s": settings.assembly.abandon_after_s,
-            "feedback_grace_s": settings.reward.feedback_grace_s,
-            "score_incomplete": settings.reward.score_incomplete,
-        },
-        "avro_schemas": {m.avro_name: codec.fingerprint_of(m).hex() for m in (T, RT)},
-        "counts": {
-            "records": result.records,
-            "calls_closed": core.stats["calls.closed"],
-            "calls_selected": core.stats["calls.selected"],
-            "trajectories": core.stats["trajectories"],
-            "rewarded": core.stats["rewarded.0"],
-            "reward_errors": core.stats["reward_errors.0"],
-            "not_scored_incomplete": core.stats["trajectories.incomplete"],
-            "open_at_end": len(core.incomplete),
-            "invalid_records": core.stats["records.invalid"],
-        },
-        "reward_distribution": Distribution.of(scored).as_dict(),
-        "redaction": redactor.summary(),
-    }

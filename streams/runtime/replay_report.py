@@ -215,6 +215,11 @@ def print_summary(console: Console, result: ReplayResult, options: ReplayOptions
         f"{s['rewarded.0']}"
         + (f" ({s['reward_errors.0']} reward errors)" if s["reward_errors.0"] else ""),
     )
+    if s["nothing_trainable.0"]:
+        table.add_row(
+            "nothing trainable",
+            f"{s['nothing_trainable.0']} (no LLM step with a response id: no msg_ids to reward)",
+        )
     dist = Distribution.of([r.reward for _, r in core.scored()])
     table.add_row(
         "rewards",

@@ -1,4 +1,4 @@
-"""Integration tests of streams.devtools.broker: fetch real Kafka jars, run real brokers, talk to them.
+"""Integration tests of streams.devtools.broker: fetch real Kafka jars, run real brokers, use them.
 
 Each test starts its own broker on free ports, so none touches a broker the developer runs.
 The jars are cached in ``$TRAJSTREAM_CACHE_DIR`` (default ``<repo>/.cache/trajstream``).

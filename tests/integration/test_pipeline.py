@@ -121,7 +121,7 @@ async def test_selected_calls_become_feedback_then_a_commit(
     assert {"marked", "sampled"} <= reasons
     assert all(r in {"marked", "sampled", "unmarked,not-sampled"} for r in reasons), reasons
 
-    audit = subprocess.run(
+    audit = subprocess.run(  # noqa: ASYNC221 - the worker runs in another process
         [sys.executable, "-m", "streams.cli", "audit"],
         env={
             **os.environ,

@@ -24,6 +24,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.capture.sdk import TrajstreamProducer
 from streams.codec import SchemaRegistry
+from streams.core.backfill import ack_key, ledger_key, replay_id
+from streams.core.ledger import CommitPlan
 from streams.core.select import sample_point
 from streams.devtools.standin import StandIn
 from streams.devtools.traffic import AGENTS, simulate_call
@@ -33,12 +35,12 @@ from streams.models import (
     ChatMessage,
     CommitRecord,
     FeedbackAck,
+    LedgerState,
     RewardedTrajectory,
     TrainingMark,
     Trajectory,
     utcnow,
 )
-from streams.runtime.replay import ack_key, replay_id
 from streams.topics import Topics, create_topics
 from tests.unit.export.test_dataset import openai_chat_errors, openai_preference_errors
 
@@ -268,40 +270,115 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
     sent = standin.state.feedback[fed:]
     assert len(sent) == 30 and all(f.status == 200 for f in sent)
     assert {tuple(f.body["msg_ids"]) for f in sent} == {tuple(s.msg_ids) for s in sims}
-    new_commits = standin.state.commits[commits:]
-    assert len(new_commits) == 5  # after 7, 14, 21, 28 acknowledged, and the last 2 at the end
-    assert all(c.status == 200 for c in new_commits)
-    assert set(standin.state.trained) >= {m for s in sims for m in s.msg_ids}
-    assert re.search(r"sent 30 feedback\(s\), 30 acknowledged, 5 commit\(s\)", stdout), stdout
-    ledger = await read_topic(kafka_bootstrap, f"{prefix}.replayed", until=lambda rs: len(rs) >= 35)
+    # a commit after 7, 14, 21, 28 acknowledged, and the last 2 at the end; one whose feedback
+    # the live worker had rewarded already (Trinity rewards a msg_id once) has nothing ready
+    # at Trinity and is recorded, not sent: an empty commit would still advance the step
+    ledger = await read_topic(
+        kafka_bootstrap, f"{prefix}.replayed", until=lambda rs: _commit_records(rs) >= 5
+    )
     acks = [r for r in ledger if isinstance(r, FeedbackAck)]
     assert len(acks) == 30
-    assert [r.feedback_count for r in ledger if isinstance(r, CommitRecord)] == [7, 7, 7, 7, 2]
+    records = [r for r in ledger if isinstance(r, CommitRecord)]
+    assert [r.feedback_count for r in records] == [7, 7, 7, 7, 2]
+    n_sent = sum(r.sent for r in records)
+    assert n_sent >= 1 and all(r.experiences == 0 for r in records if not r.sent)
+    assert all(r.experiences is not None for r in records[1:])
+    new_commits = standin.state.commits[commits:]
+    assert len(new_commits) == n_sent
+    assert all(c.status == 200 for c in new_commits)
+    assert set(standin.state.trained) >= {m for s in sims for m in s.msg_ids}
+    assert re.search(rf"sent 30 feedback\(s\), 30 acknowledged, {n_sent} commit\(s\)", stdout), (
+        stdout
+    )
+    commits += n_sent
 
     # ... and a re-run sends nothing twice, and says what it skipped
     code, stdout, stderr = await replay(env_trinity, *backfill)
     assert code == 0, stderr
     assert len(standin.state.feedback) == fed + 30
-    assert len(standin.state.commits) == commits + 5
+    assert len(standin.state.commits) == commits
     assert "skipped 30 trajectories already acknowledged" in stdout
 
     # a run interrupted between an acknowledgement and its commit: the next run commits it
     rid = replay_id(prefix, "sampling(1)", "streams.rewards:success", "1")
+    codec = SchemaRegistry.default()
+    async with TrinityClient(standin.url) as trinity:
+        reply = await trinity.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        await trinity.feedback([reply["id"]], 1.0, "task-interrupted", 0)  # ready at Trinity
+    interrupted = acks[0].model_copy(
+        update={
+            "rewarded": acks[0].rewarded.model_copy(
+                update={"trajectory_id": "interrupted", "msg_ids": [reply["id"]]}
+            )
+        }
+    )
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:
         await producer.send_and_wait(
-            f"{prefix}.replayed",
-            key=ack_key(rid, "interrupted"),
-            value=SchemaRegistry.default().encode(acks[0]),
+            f"{prefix}.replayed", key=ack_key(rid, "interrupted"), value=codec.encode(interrupted)
         )
     finally:
         await producer.stop()
     code, stdout, stderr = await replay(env_trinity, *backfill)
     assert code == 0, stderr
-    assert len(standin.state.feedback) == fed + 30
-    assert len(standin.state.commits) == commits + 6
+    assert len(standin.state.feedback) == fed + 31
+    assert len(standin.state.commits) == commits + 1
+    assert reply["id"] in standin.state.trained
     assert "recovered" in stdout
+
+    # ... but when Trinity has nothing ready for it (an earlier commit drained it), nothing is
+    # sent: an empty commit would still advance the explore step
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            f"{prefix}.replayed", key=ack_key(rid, "drained"), value=codec.encode(acks[1])
+        )
+    finally:
+        await producer.stop()
+    code, stdout, stderr = await replay(env_trinity, *backfill)
+    assert code == 0, stderr
+    assert len(standin.state.commits) == commits + 1
+    ledger = await read_topic(
+        kafka_bootstrap, f"{prefix}.replayed", until=lambda rs: _commit_records(rs) >= 7
+    )
+    records = [r for r in ledger if isinstance(r, CommitRecord)]
+    assert (records[-1].sent, records[-1].experiences) == (False, 0)
+    assert records[-2].sent and records[-2].experiences == 1  # the interrupted run's one
+
+    # a run killed between writing its commit ahead and recording it: resolved from the
+    # explore step (advanced: recorded, not sent again)
+    [state] = [r for r in ledger if isinstance(r, LedgerState)][-1:]
+    plan = CommitPlan(
+        seq=state.next_seq,
+        interval_start=utcnow(),
+        interval_end=utcnow(),
+        count=1,
+        step_before=standin.state.explore_step - 1,
+        ready_before=state.ready_at_last_commit,
+    )
+    crashed = state.model_copy(update={"pending_commit": plan})
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            f"{prefix}.replayed", key=ledger_key(rid), value=codec.encode(crashed)
+        )
+    finally:
+        await producer.stop()
+    code, stdout, stderr = await replay(env_trinity, *backfill)
+    assert code == 0, stderr
+    assert len(standin.state.commits) == commits + 1  # not sent again
+    ledger = await read_topic(
+        kafka_bootstrap, f"{prefix}.replayed", until=lambda rs: _commit_records(rs) >= 8
+    )
+    last = [r for r in ledger if isinstance(r, CommitRecord)][-1]
+    assert "recovered" in last.trinity_response and last.commit_seq == plan.seq
+
+
+def _commit_records(records: list[Any]) -> int:
+    return sum(isinstance(r, CommitRecord) for r in records)
 
 
 async def test_redacted_export_and_bad_input(kafka_bootstrap, prefix, env, tmp_path):

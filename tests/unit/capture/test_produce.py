@@ -1,4 +1,4 @@
-"""Unit tests of streams.capture.produce: validating JSON-lines input before anything is published."""
+"""Unit tests of streams.capture.produce: JSON lines validated before anything is published."""
 
 from __future__ import annotations
 

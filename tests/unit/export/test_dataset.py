@@ -1,4 +1,4 @@
-"""Unit tests of streams.export.dataset: SFT and DPO rows in OpenAI's formats, dedupe, atomic writing.
+"""Unit tests of streams.export.dataset: SFT and DPO rows in OpenAI's formats, dedupe, writing.
 
 Rows are checked twice: with the module's own pydantic models, and with an independent check
 written from OpenAI's fine-tuning format documentation (:func:`openai_chat_errors`,

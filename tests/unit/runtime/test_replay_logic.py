@@ -634,3 +634,19 @@ def test_read_ledger_finds_acknowledged_and_uncommitted_feedback() -> None:
     assert read_ledger(keys, "r1") == ({"a", "b", "c", "d"}, 2)
     assert read_ledger(keys, "other") == ({"x"}, 0)
     assert read_ledger([], "r1") == (set(), 0)
+
+
+def test_a_call_without_an_llm_step_is_not_rewarded_in_replay_either() -> None:
+    """Like the live reward stage: nothing trainable, a reward-stage reject with the live
+    dead letter's reason, never a feedback to plan."""
+    from streams.core.reward_join import NOTHING_TRAINABLE
+
+    c = core()
+    c.feed_all(
+        records([start("c1"), step("c1", 0, kind=StepKind.TOOL), end("c1", step_count=1)], t=0)
+    )
+    c.finish()
+    [o] = c.outcomes
+    assert c.scored() == [] and o.errors == [NOTHING_TRAINABLE]
+    assert c.stats["nothing_trainable.0"] == 1 and c.stats["rewarded.0"] == 0
+    assert [(r.stage, r.reason) for r in c.rejects] == [("reward", NOTHING_TRAINABLE)]

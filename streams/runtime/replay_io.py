@@ -1,0 +1,379 @@
+"""Replay's edges: reading the range from Kafka (merged per partition by timestamp, the order
+the live stages saw it in), reading and writing ``<p>.replayed``, sending feedback and commits to
+Trinity, and the export manifest. Helpers of :func:`streams.runtime.replay.run_replay`.
+
+May import: the core, :mod:`streams.io`, :mod:`streams.export`, the top-level modules, rich.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..codec import SchemaRegistry
+from ..core.backfill import CommitPacer, ack_key, commit_key, ledger_key, read_ledger
+from ..core.commits import resolve_commit, write_ahead_commit
+from ..core.ledger import CommitPlan
+from ..core.retry import RetryPolicy
+from ..errors import BrokerError, ConfigError, TrinityError, TrinityRejected
+from ..export.dataset import EXPORT_SCHEMA_VERSION
+from ..export.redact import Redactor
+from ..io import kafka
+from ..models import CommitRecord, FeedbackAck, LedgerState, utcnow
+from ..topics import Topics
+from .replay_options import ReplayError, ReplayOptions
+from .replay_report import Distribution, progress
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..io.trinity import TrinityClient
+    from ..settings import Settings
+    from .replay import ReplayResult, ReplayRunner
+
+__all__ = [
+    "SourceRecord",
+    "manifest",
+    "read_range",
+    "read_replayed",
+    "resolve_range",
+    "send_to_trinity",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One input record as read from Kafka: which input it came from, where, when, and bytes."""
+
+    kind: Literal["event", "feedback"]
+    partition: int
+    offset: int
+    timestamp: datetime
+    key: bytes | None
+    value: bytes
+
+
+async def resolve_range(
+    consumer: Any,
+    existing: dict[str, list[int]],
+    prefix: str,
+    options: ReplayOptions,
+    now: datetime,
+    lookback: timedelta,
+) -> tuple[dict[Any, tuple[int, int]], dict[str, Any]]:
+    """The offsets to read, per topic partition, and the description of the source."""
+    from aiokafka import TopicPartition
+
+    events, feedback = f"{prefix}.agent-events", f"{prefix}.user-feedback"
+    inputs = [t for t in (events, feedback) if t in existing]
+    tps = [TopicPartition(t, p) for t in inputs for p in existing[t]]
+    first = await consumer.beginning_offsets(tps)
+    last = await consumer.end_offsets(tps)
+    ranges: dict[Any, tuple[int, int]] = {}
+    source: dict[str, Any] = {"prefix": prefix, "topics": {}}
+
+    if options.offsets:
+        for spec in options.offsets:
+            if spec.topic not in existing:
+                raise ConfigError(f"unknown topic {spec.topic}")
+            tp = TopicPartition(spec.topic, spec.partition)
+            if tp not in last:
+                raise ConfigError(f"{spec.topic} has no partition {spec.partition}")
+            start = max(spec.start, first[tp])
+            end = min(spec.end if spec.end is not None else last[tp], last[tp])
+            ranges[tp] = (start, max(start, end))
+        if not any(e > s for s, e in ranges.values()):
+            raise ReplayError("the --offsets select no records (the partitions hold none there)")
+        source["mode"] = "offsets"
+    else:
+        since, until = options.since, options.until
+        read_from = await kafka.offsets_at(
+            consumer, tps, since - lookback if since else None, first, last
+        )
+        in_range = await kafka.offsets_at(consumer, tps, since, first, last)
+        read_to = await kafka.offsets_at(consumer, tps, until, last, last)
+        for tp in tps:
+            ranges[tp] = (read_from[tp], max(read_from[tp], read_to[tp]))
+        in_range_events = sum(
+            max(0, read_to[tp] - in_range[tp]) for tp in tps if tp.topic == events
+        )
+        if in_range_events == 0:
+            raise ReplayError(
+                f"no agent events in {events} from {since.isoformat() if since else 'the start'}"
+                f" to {until.isoformat() if until else 'now'}"
+            )
+        source.update(
+            mode="time",
+            since=since.isoformat() if since else None,
+            until=(until or now).isoformat(),
+            lookback_s=lookback.total_seconds(),
+            events_in_range=in_range_events,
+        )
+    for tp, (start, end) in sorted(ranges.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
+        source["topics"].setdefault(tp.topic, {})[str(tp.partition)] = [start, end]
+    return ranges, source
+
+
+async def read_range(
+    consumer: Any, ranges: dict[Any, tuple[int, int]], core: ReplayRunner, console: Console
+) -> int:
+    """Read the ranges partition by partition, each partition's events and feedback merged by
+    timestamp (the order the live stages saw them in), into the core."""
+    total = sum(end - start for start, end in ranges.values())
+    by_partition: dict[int, list[Any]] = {}
+    for tp in ranges:
+        by_partition.setdefault(tp.partition, []).append(tp)
+    done = 0
+    with progress(console) as bar:
+        task = bar.add_task("reading", total=total)
+        for partition in sorted(by_partition):
+            tps = [tp for tp in by_partition[partition] if ranges[tp][1] > ranges[tp][0]]
+            if not tps:
+                continue
+            fetched = await fetch(
+                consumer, {tp: ranges[tp] for tp in tps}, lambda n: bar.advance(task, n)
+            )
+            streams = [
+                [
+                    source_record(m, "event" if tp.topic.endswith(".agent-events") else "feedback")
+                    for m in fetched[tp]
+                ]
+                for tp in sorted(tps, key=lambda tp: not tp.topic.endswith(".agent-events"))
+            ]
+            for record in heapq.merge(*streams, key=lambda r: r.timestamp):
+                core.feed(record)
+            done += sum(ranges[tp][1] - ranges[tp][0] for tp in tps)
+            bar.update(task, completed=done)
+    return sum(core.stats[k] for k in ("records.event", "records.feedback"))
+
+
+def source_record(message: Any, kind: Literal["event", "feedback"]) -> SourceRecord:
+    return SourceRecord(
+        kind=kind,
+        partition=message.partition,
+        offset=message.offset,
+        timestamp=datetime.fromtimestamp(message.timestamp / 1000, UTC),
+        key=message.key,
+        value=message.value or b"",
+    )
+
+
+async def fetch(
+    consumer: Any, ranges: dict[Any, tuple[int, int]], advance: Callable[[int], None]
+) -> dict[Any, list[Any]]:
+    try:
+        return await kafka.fetch_ranges(consumer, ranges, advance)
+    except BrokerError as exc:
+        raise ReplayError(str(exc)) from exc
+
+
+async def read_replayed(
+    consumer: Any, existing: dict[str, list[int]], topic: str, rid: str, codec: SchemaRegistry
+) -> tuple[set[str], int, LedgerState | None]:
+    """What ``<p>.replayed`` says of replay ``rid`` (see :func:`read_ledger`), and its commit
+    ledger."""
+    from aiokafka import TopicPartition
+
+    if topic not in existing:
+        return set(), 0, None
+    tps = [TopicPartition(topic, p) for p in existing[topic]]
+    first = await consumer.beginning_offsets(tps)
+    last = await consumer.end_offsets(tps)
+    ranges = {tp: (first[tp], last[tp]) for tp in tps if last[tp] > first[tp]}
+    if not ranges:
+        return set(), 0, None
+    fetched = await fetch(consumer, ranges, lambda n: None)
+    messages = [m for tp in sorted(fetched) for m in fetched[tp]]
+    acknowledged, uncommitted = read_ledger((m.key for m in messages), rid)
+    key = ledger_key(rid)
+    ledgers = [m.value for m in messages if m.key == key and m.value]
+    ledger = codec.decode_as(ledgers[-1], LedgerState) if ledgers else None
+    return acknowledged, uncommitted, ledger
+
+
+async def send_to_trinity(
+    settings: Settings,
+    bootstrap: str,
+    client_id: str,
+    rid: str,
+    result: ReplayResult,
+    pacer: CommitPacer,
+    console: Console,
+    trinity_factory: Callable[[], TrinityClient] | None,
+    codec: SchemaRegistry,
+) -> None:
+    """Feedback for every planned trajectory, each acknowledgement recorded on
+    ``<p>.replayed`` before the commit that carries it; commits by the protocol of
+    :mod:`streams.core.commits` (the replay's :class:`~streams.models.LedgerState` under
+    ``<replay_id>#ledger`` is the write-ahead record)."""
+    from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
+
+    assert result.plan is not None
+    topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).replayed
+    await kafka.ensure_compacted(bootstrap, topic, settings.kafka.replication_factor)
+    producer = kafka.producer(bootstrap, client_id=client_id)
+    trinity = (
+        trinity_factory
+        or (
+            lambda: TrinityClient(
+                settings.trinity.url,
+                timeout=settings.trinity.timeout_s,
+                max_connections=settings.trinity.max_connections,
+            )
+        )
+    )()
+    policy = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
+    state = result.ledger.model_copy(deep=True) if result.ledger else LedgerState()
+
+    async def retried(call: Callable[[], Any], what: str) -> tuple[int, Any]:
+        try:
+            return await retrying(call, policy, what)
+        except TrinityGaveUp as exc:
+            raise ReplayError(
+                f"{what}: {exc}; re-run the replay to resume (acknowledged feedback is skipped)"
+            ) from exc
+
+    await producer.start()
+    try:
+        recorded: list[Any] = []
+        batch: list[float] = []
+        opened = utcnow()
+
+        async def save(s: LedgerState) -> None:
+            await producer.send_and_wait(topic, key=ledger_key(rid), value=codec.encode(s))
+
+        async def publish(record: CommitRecord) -> None:
+            nonlocal opened
+            if record.sent:
+                result.commits += 1
+            await producer.send_and_wait(topic, key=commit_key(rid), value=codec.encode(record))
+            await save(state)
+            pacer.committed(time.monotonic())
+            batch.clear()
+            opened = utcnow()
+
+        class Port:
+            """Trinity for the commit protocol, each call under the one retry policy."""
+
+            async def metrics(self) -> dict[str, Any]:
+                return (await retried(trinity.metrics, "metrics"))[1]  # type: ignore[no-any-return]
+
+            async def commit(self) -> dict[str, Any]:
+                return (await retried(trinity.commit, "commit"))[1]  # type: ignore[no-any-return]
+
+        port = Port()
+
+        async def commit() -> None:
+            await asyncio.gather(*recorded)  # the acks are durable before the commit
+            recorded.clear()
+            now = utcnow()
+            plan = CommitPlan(
+                seq=state.next_seq,
+                interval_start=opened,
+                interval_end=now,
+                count=pacer.pending,
+                reward_sum=sum(batch),
+                reward_min=min(batch, default=0.0),
+                reward_max=max(batch, default=0.0),
+            )
+            record = await write_ahead_commit(state, plan, port, save)
+            if record is None:
+                raise ReplayError("commit: Trinity failed; re-run the replay to commit")
+            # the rewards this run saw (an interrupted run's acknowledgements have none here)
+            record.reward_mean = statistics.fmean(batch) if batch else None
+            record.reward_min = min(batch, default=None)
+            record.reward_max = max(batch, default=None)
+            await publish(record)
+
+        if state.pending_commit is not None:
+            # an earlier run was stopped between writing its commit ahead and recording it
+            record = await resolve_commit(state, port)
+            if record is None:
+                raise ReplayError("cannot resolve the interrupted commit; re-run the replay")
+            await publish(record)
+            pacer.pending = 0
+
+        with progress(console) as bar:
+            task = bar.add_task("feedback to Trinity", total=len(result.plan.send))
+            for rewarded in result.plan.send:
+                result.sent += 1
+                send = functools.partial(
+                    trinity.feedback,
+                    rewarded.msg_ids,
+                    rewarded.reward,
+                    rewarded.task_id,
+                    rewarded.run_id,
+                )
+                try:
+                    attempts, _ = await retried(send, f"feedback for {rewarded.call_id}")
+                except TrinityRejected as exc:
+                    result.rejected.append((rewarded.call_id, str(exc)))
+                    bar.advance(task)
+                    continue
+                result.acked += 1
+                batch.append(rewarded.reward)
+                ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
+                recorded.append(
+                    await producer.send(
+                        topic, key=ack_key(rid, rewarded.trajectory_id), value=codec.encode(ack)
+                    )
+                )
+                if pacer.acked(time.monotonic()):
+                    await commit()
+                bar.advance(task)
+            if pacer.final():
+                await commit()
+        await asyncio.gather(*recorded)
+    except TrinityError as exc:
+        raise ReplayError(f"Trinity: {exc}") from exc
+    finally:
+        await producer.stop()
+        await trinity.aclose()
+
+
+def manifest(
+    result: ReplayResult,
+    settings: Settings,
+    options: ReplayOptions,
+    redactor: Redactor,
+    codec: SchemaRegistry,
+) -> dict[str, Any]:
+    from ..models import RewardedTrajectory as RT
+    from ..models import Trajectory as T
+
+    core = result.core
+    scored = [r.reward for _, r in core.scored()]
+    return {
+        "export_schema_version": EXPORT_SCHEMA_VERSION,
+        "created_at": utcnow().isoformat(),
+        "replay_id": result.replay_id,
+        "source": result.source,
+        "strategy": core.strategy.name,
+        "reward": {"function": core.rewarders[0].name, "version": core.rewarders[0].version},
+        "settings": {
+            "abandon_after_s": settings.assembly.abandon_after_s,
+            "feedback_grace_s": settings.reward.feedback_grace_s,
+            "score_incomplete": settings.reward.score_incomplete,
+        },
+        "avro_schemas": {m.avro_name: codec.fingerprint_of(m).hex() for m in (T, RT)},
+        "counts": {
+            "records": result.records,
+            "calls_closed": core.stats["calls.closed"],
+            "calls_selected": core.stats["calls.selected"],
+            "trajectories": core.stats["trajectories"],
+            "rewarded": core.stats["rewarded.0"],
+            "reward_errors": core.stats["reward_errors.0"],
+            "not_scored_incomplete": core.stats["trajectories.incomplete"],
+            "open_at_end": len(core.incomplete),
+            "invalid_records": core.stats["records.invalid"],
+        },
+        "reward_distribution": Distribution.of(scored).as_dict(),
+        "redaction": redactor.summary(),
+    }

@@ -1,0 +1,286 @@
+"""One table of cases through both runners: the live worker's handlers (Faust's tables swapped
+for in-memory stores, its topics for lists, the wall clock for a fake one) and replay's runner.
+Both must give the same decisions, trajectories, rewards, feedback requests and rejects with
+the same reasons: they run one core, and only the clock's source differs."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+import streams.runtime.live as live
+from streams.codec import SchemaRegistry
+from streams.core.backfill import plan_feedback
+from streams.core.store import MemoryStore
+from streams.models import (
+    AvroModel,
+    CommitRecord,
+    DeadLetter,
+    RewardedTrajectory,
+    SelectionDecision,
+    StepKind,
+    Tick,
+    Trajectory,
+)
+from streams.runtime.live import Pipeline
+from streams.runtime.replay import END_OF_TIME, ReplayRunner, SourceRecord
+from streams.settings import Settings, load_settings
+from tests.unit.core.harness import ScriptedTrinity, m
+from tests.unit.factories import at, end, feedback, start, step
+
+CODEC = SchemaRegistry.default()
+Row = tuple[float, str, AvroModel, bytes | None]  # seconds after T0, kind, record, key override
+
+
+def call(call_id: str, t: float = 0, steps: int = 1, **step_kw: Any) -> list[Row]:
+    rows: list[Row] = [(t, "event", start(call_id), None)]
+    rows += [(t + 1 + i / 10, "event", step(call_id, i, **step_kw), None) for i in range(steps)]
+    rows.append((t + 2, "event", end(call_id, step_count=steps), None))
+    return rows
+
+
+CASES: dict[str, tuple[dict[str, Any], list[Row], float]] = {
+    # name: (settings, rows, end of the range in seconds)
+    "complete calls": ({}, call("c1") + call("c2", 3, steps=3), 10),
+    "abandoned": ({}, call("c1")[:2] + call("c2", 100), 110),
+    "abandoned, scored": (
+        {"reward": {"score_incomplete": True}},
+        call("c1")[:2] + call("c2", 100),
+        110,
+    ),
+    "late event": ({}, [*call("c1"), (5, "event", step("c1", 0), None)], 10),
+    "nothing trainable": ({}, call("c1", kind=StepKind.TOOL), 10),
+    "wrong key": ({}, [(0, "event", start("c1"), b"other"), *call("c2", 1)], 10),
+    "reused seq": (
+        {},
+        [*call("c1")[:2], (1.5, "event", step("c1", 0, event_id="x"), None), *call("c1")[2:]],
+        10,
+    ),
+    "feedback in the grace period": (
+        {"reward": {"function": "streams.rewards:user_rating", "feedback_grace_s": 10}},
+        [*call("c1"), (5, "feedback", feedback("c1", rating=5.0), None), *call("c2", 6)],
+        40,
+    ),
+    "feedback before its trajectory, and none": (
+        {"reward": {"function": "streams.rewards:user_rating", "feedback_grace_s": 10}},
+        [(0.5, "feedback", feedback("c1", rating=1.0), None), *call("c1"), *call("c2", 3)],
+        40,
+    ),
+    "a tick on the feedback topic": (
+        {},
+        [*call("c1"), (5, "feedback", Tick(at=at(900)), b"c1")],
+        10,
+    ),
+}
+
+
+def settings_for(overrides: dict[str, Any]) -> Settings:
+    base: dict[str, Any] = {
+        "selection": {"strategy": "sampling:1"},
+        "assembly": {"abandon_after_s": 60, "late_retention_s": 900},
+    }
+    for section, values in overrides.items():
+        base.setdefault(section, {}).update(values)
+    return load_settings(**base)
+
+
+@dataclass
+class Result:
+    decisions: list[SelectionDecision]
+    trajectories: list[Trajectory]
+    rewards: list[RewardedTrajectory]
+    feedback: list[list[str]]
+    rejects: list[tuple[str, str]]
+
+
+class Sink:
+    def __init__(self, name: str, sent: list[tuple[str, bytes | None, bytes]]) -> None:
+        self.name, self.sent = name, sent
+
+    async def send(
+        self, key: bytes | None = None, value: bytes = b"", partition: Any = None
+    ) -> None:
+        self.sent.append((self.name, key, value))
+
+
+class Message:
+    def __init__(self, topic: str, offset: int, key: bytes | None, value: bytes) -> None:
+        self.topic, self.partition, self.offset, self.key, self.value = topic, 0, offset, key, value
+
+
+class Event:
+    def __init__(self, *args: Any) -> None:
+        self.message = Message(*args)
+
+
+class FeedbackTrinity(ScriptedTrinity):
+    def __init__(self) -> None:
+        super().__init__([m(0, 0)] * 10)
+        self.feedbacks: list[list[str]] = []
+
+    async def feedback(self, msg_ids: list[str], *args: Any) -> dict[str, Any]:
+        self.feedbacks.append(list(msg_ids))
+        return {"status": "success"}
+
+    async def aclose(self) -> None:
+        pass
+
+
+def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any) -> Result:
+    trinity = FeedbackTrinity()
+    p = Pipeline(settings, bootstrap="127.0.0.1:9", trinity=lambda: trinity)  # type: ignore[arg-type,return-value]
+    p.assembler.pending, p.assembler.closed = MemoryStore(), MemoryStore()
+    p.reward_join.awaiting = MemoryStore()
+    sent: list[tuple[str, bytes | None, bytes]] = []
+    for name in (
+        "trajectories",
+        "rewarded",
+        "decisions",
+        "ledger",
+        "windows",
+        "alerts",
+        "commits",
+        "dead",
+        "late",
+    ):
+        setattr(p, f"t_{name}", Sink(name, sent))
+    clock = {"now": at(0)}
+    monkeypatch.setattr(live, "wall_clock", lambda: clock["now"])
+    t = p.topics
+    offsets = iter(range(10**6))
+
+    async def drain(done: int) -> int:
+        # hand what a stage sent on to the next one, as the topics would
+        while done < len(sent):
+            name, key, value = sent[done]
+            done += 1
+            if name == "trajectories":
+                event = Event(t.trajectories, next(offsets), key, value)
+                await p._guard("reward", event, p.reward_join.on_record)
+            elif name == "rewarded":
+                await p._feedback_guarded(Event(t.rewarded, next(offsets), key, value))
+        return done
+
+    async def tick(now: datetime, *, reward_only: bool = False) -> None:
+        value = CODEC.encode(Tick(at=now))
+        if not reward_only:
+            await p._guard(
+                "assemble", Event(t.ticks, next(offsets), None, value), p.assembler.on_record
+            )
+        await p._guard(
+            "reward", Event(t.ticks, next(offsets), None, value), p.reward_join.on_record
+        )
+
+    async def main() -> None:
+        done = 0
+        for seconds, kind, record, key in rows:
+            clock["now"] = at(seconds)
+            await tick(at(seconds))  # replay: every record is also a tick of its partition
+            done = await drain(done)
+            topic = t.agent_events if kind == "event" else t.user_feedback
+            key = key if key is not None else getattr(record, "call_id", "").encode()
+            event = Event(topic, next(offsets), key, CODEC.encode(record))
+            stage = p.assembler if kind == "event" else p.reward_join
+            await p._guard("assemble" if kind == "event" else "reward", event, stage.on_record)
+            done = await drain(done)
+        clock["now"] = at(until)
+        await tick(at(until))
+        done = await drain(done)
+        await tick(END_OF_TIME, reward_only=True)  # replay ends every grace period still running
+        await drain(done)
+
+    asyncio.run(main())
+
+    def decoded(name: str) -> list[Any]:
+        return [CODEC.decode(v) for n, _, v in sent if n == name]
+
+    letters = [d for d in decoded("dead") + decoded("late") if isinstance(d, DeadLetter)]
+    return Result(
+        decoded("decisions"),
+        decoded("trajectories"),
+        decoded("rewarded"),
+        trinity.feedbacks,
+        sorted((d.stage, d.reason) for d in letters),
+    )
+
+
+def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
+    p = Pipeline(settings, bootstrap="127.0.0.1:9")  # for the same strategy, rewarder, limits
+    runner = ReplayRunner(
+        p.strategy,
+        [p.rewarder],
+        limits=p.limits,
+        feedback_grace=p.reward_join.feedback_grace,
+        score_incomplete=settings.reward.score_incomplete,
+        late_retention=p.assembler.late_retention,
+        topics=p.topics,
+    )
+    for offset, (seconds, kind, record, key) in enumerate(rows):
+        key = key if key is not None else getattr(record, "call_id", "").encode()
+        runner.feed(SourceRecord(kind, 0, offset, at(seconds), key, CODEC.encode(record)))  # type: ignore[arg-type]
+    runner.finish(at(until))
+    rewards = [r for _, r in runner.scored()]
+    return Result(
+        runner.decisions,
+        [o.trajectory for o in runner.outcomes],
+        rewards,
+        [r.msg_ids for r in plan_feedback(rewards, set()).send],
+        sorted((r.stage, r.reason) for r in runner.rejects),
+    )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_both_runners_decide_alike(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides, rows, until = CASES[case]
+    settings = settings_for(overrides)
+    mine, theirs = run_live(settings, rows, until, monkeypatch), run_replay(settings, rows, until)
+    assert mine.decisions == theirs.decisions
+    assert mine.trajectories == theirs.trajectories
+    assert mine.rewards == theirs.rewards
+    assert mine.feedback == theirs.feedback
+    assert mine.rejects == theirs.rejects
+    assert mine.decisions  # every case closes something
+
+
+def test_the_cases_cover_what_matters() -> None:
+    """The table is not vacuous: between them the cases reject, abandon, wait and score."""
+    results = [run_replay(settings_for(o), rows, until) for o, rows, until in CASES.values()]
+    stages = {stage for r in results for stage, _ in r.rejects}
+    assert {"assemble", "reward", "late"} <= stages
+    assert any(d.closed_reason.startswith("abandoned") for r in results for d in r.decisions)
+    assert any(fb for r in results for t in r.rewards for fb in [t.reward != 0.5])
+
+
+def test_the_live_ledger_records_experiences_on_its_first_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fixed: the first CommitRecord of a worker said ``experiences: null``."""
+    from tests.unit.factories import ack
+
+    settings = settings_for({"commit": {"interval_s": 60}})
+    trinity = ScriptedTrinity([m(0, 3), m(0, 3)])
+    p = Pipeline(settings, bootstrap="127.0.0.1:9", trinity=lambda: trinity)  # type: ignore[arg-type,return-value]
+    p.ledger_stage.store = MemoryStore()
+    sent: list[tuple[str, bytes | None, bytes]] = []
+    for name in ("windows", "alerts", "commits", "dead"):
+        setattr(p, f"t_{name}", Sink(name, sent))
+
+    class Producer:
+        async def flush(self) -> None:
+            sent.append(("flush", None, b""))
+
+    monkeypatch.setattr(type(p.app), "producer", Producer(), raising=False)
+    clock = {"now": at(0)}
+    monkeypatch.setattr(live, "utcnow", lambda: clock["now"])
+    acks = [Event(p.topics.ledger, i, b"k", CODEC.encode(ack(f"t{i}"))) for i in range(3)]
+    asyncio.run(p._ledger(acks))  # acknowledged in the first interval
+    clock["now"] = at(61)  # a tick in the next one: the commit is due
+    asyncio.run(p._ledger([Event(p.topics.ledger, 3, None, CODEC.encode(Tick(at=at(61))))]))
+    [record] = [CODEC.decode(v) for n, _, v in sent if n == "commits"]
+    assert isinstance(record, CommitRecord)
+    assert (record.sent, record.feedback_count, record.experiences) == (True, 3, 3)
+    assert [n for n, _, _ in sent].index("flush") < [n for n, _, _ in sent].index("commits")
