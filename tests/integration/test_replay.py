@@ -355,6 +355,9 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
         interval_start=utcnow(),
         interval_end=utcnow(),
         count=1,
+        reward_sum=1.0,
+        reward_min=1.0,
+        reward_max=1.0,
         step_before=standin.state.explore_step - 1,
         ready_before=state.ready_at_last_commit,
     )
