@@ -23,8 +23,9 @@ stdout and stderr). When the broker fails to start, the error quotes the end of 
 
 POSIX only: the broker runs in its own process group, which is signalled as a whole.
 
-Why one module of ~900 lines: fetching, rendering the configuration, starting, probing and
-stopping one broker share its file layout and process handling; none of it is product code.
+Why one module of ~900 lines (LocalBroker ~350): fetching, rendering the configuration,
+starting, probing and stopping one broker share its file layout and process handling; none of it
+is product code.
 
 May import: the standard library, aiokafka (to probe readiness), :mod:`streams.errors`.
 """
