@@ -213,9 +213,8 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     from collections import Counter
 
-    from aiokafka import AIOKafkaConsumer
-
     from .codec import SchemaRegistry
+    from .io import kafka
     from .models import SelectionDecision
     from .topics import Topics
 
@@ -225,9 +224,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
 
     async def read() -> Counter[tuple[str, str, str, str]]:
         counts: Counter[tuple[str, str, str, str]] = Counter()
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-        )
+        consumer = kafka.consumer(bootstrap)
         await consumer.start()
         try:
             if topic not in await consumer.topics():

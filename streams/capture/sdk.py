@@ -17,7 +17,7 @@ Example::
 Leaving the ``call`` block publishes the END event with the number of steps, with status OK, or
 ERROR (and the exception's type) when the block raised, or CANCELLED when it was cancelled.
 
-May import: aiokafka, the top-level modules (models, codec, topics).
+May import: aiokafka (clients built by :mod:`streams.io.kafka`), the top-level modules.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from ..codec import SchemaRegistry
+from ..io import kafka
 from ..models import (
     AgentCall,
     AvroModel,
@@ -77,12 +78,7 @@ class TrajstreamProducer:
     ) -> None:
         self.topics = Topics(topic_prefix, partitions)
         self.codec = codec or SchemaRegistry.default()
-        self._producer = producer or AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers,
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=5,
-        )
+        self._producer = producer or kafka.producer(bootstrap_servers)
 
     async def start(self) -> None:
         await self._producer.start()
