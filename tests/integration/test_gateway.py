@@ -372,3 +372,49 @@ async def test_bad_input_gets_an_openai_4xx_and_is_recorded_nowhere(
     records = await read_topic(kafka_bootstrap, f"{prefix}.agent-events", until=lambda r: len(r) >= 2)
     assert {r.call_id for r in records} == {"good"} and len(records) == 2
     assert not await read_topic(kafka_bootstrap, f"{prefix}.user-feedback")
+
+
+async def test_broker_stopped_during_traffic_every_answer_arrives_and_every_event_later(
+    prefix, standin, production, tmp_path
+):
+    from streams.broker import LocalBroker, free_port
+
+    from .conftest import CACHE_DIR
+
+    broker = LocalBroker(CACHE_DIR, data_dir=tmp_path / "kafka", port=free_port())
+    bootstrap = await asyncio.to_thread(broker.start, 120)
+    try:
+        async with running_gateway(
+            bootstrap, prefix, standin.url, f"{production.url}/v1", tmp_path / "spill",
+            strategy="sampling:0.5", buffer_records=4,
+        ) as gw:
+            client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
+
+            async def call(cid: str) -> None:
+                c = client.with_options(base_url=f"{gw.url}/calls/{cid}/v1")
+                await c.chat.completions.create(model="m", messages=[{"role": "user", "content": cid}])
+                async with httpx.AsyncClient() as http:
+                    assert (await http.post(f"{gw.url}/calls/{cid}/end")).status_code == 202
+
+            before = [f"before-{i}" for i in range(3)]
+            for cid in before:
+                await call(cid)
+            assert await gw.publisher.flush(20)
+            await asyncio.to_thread(broker.stop)
+            during = [f"during-{i}" for i in range(10)]
+            for cid in during:  # every answer arrives while Kafka is down
+                await asyncio.wait_for(call(cid), 10)
+            assert gw.publisher.pending == 30  # 10 calls x START, step, END
+            assert gw.publisher.spill.records >= 26  # past the bound of 4: on disk
+            assert list((tmp_path / "spill").glob("spill-*.bin"))
+            await asyncio.to_thread(broker.start, 120)
+            assert await gw.publisher.flush(60), gw.publisher.health()
+            await client.close()
+        assert not list((tmp_path / "spill").glob("spill-*.bin"))
+        records = await read_topic(bootstrap, f"{prefix}.agent-events", until=complete(set(before + during)))
+        for cid in before + during:
+            events = call_events(records, cid)
+            first_seen = list(dict.fromkeys(e.event_id for e in events))
+            assert first_seen == [f"{cid}/start", f"{cid}/1", f"{cid}/end"], (cid, first_seen)
+    finally:
+        await asyncio.to_thread(broker.stop)
