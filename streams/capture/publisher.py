@@ -138,6 +138,8 @@ def _frames(data: bytes, offset: int = 0) -> Any:
     while offset + 4 <= n:
         parts = []
         for _ in range(3):
+            if offset + 4 > n:
+                return  # a torn last frame (a crash mid-write): never acknowledged, skipped
             (size,) = _LEN.unpack_from(data, offset)
             offset += 4
             if offset + size > n:
