@@ -13,8 +13,9 @@
   not a ``tool`` result, the answer is a call of the first tool (``finish_reason
   "tool_calls"``, arguments ``{"query": <last user text>}``; streamed as OpenAI does, id and
   name first, then the arguments in pieces), so a simulated agent loop calls one tool and then
-  answers. It serves as a production model as well (``StandIn(model="production")``). A body without a ``messages`` list
-  answers 400 ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+  answers. It serves as a production model as well (``StandIn(model="production")``). A body
+  without a ``messages`` list answers 400
+  ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
 - ``GET /v1/models``, ``GET /health`` (empty 200) and ``GET /metrics`` (Trinity's five keys; as
   in Trinity, ``rollout/ready_experience_count`` counts every experience ever made ready).
 - ``POST /feedback`` with Trinity's exact 400 bodies; it rewards rows that exist and were not

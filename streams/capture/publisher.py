@@ -234,7 +234,9 @@ class Publisher:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="trajstream-publisher")
         if self.spill:
-            log.info("publishing %d spilled records from %s", self.spill.records, self.spill.directory)
+            log.info(
+                "publishing %d spilled records from %s", self.spill.records, self.spill.directory
+            )
             self._wake.set()
 
     async def flush(self, timeout: float) -> bool:

@@ -84,7 +84,9 @@ def call_events(records: list[Any], call_id: str) -> list[Any]:
 
 def complete(call_ids: set[str]) -> Any:
     def until(records: list[Any]) -> bool:
-        ended = {r.call_id for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.END}
+        ended = {
+            r.call_id for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.END
+        }
         return call_ids <= ended
 
     return until
@@ -129,7 +131,9 @@ async def agent_turn_stream(base_url: str, question: str) -> dict[str, Any]:
                     c["name"] += (t.function.name or "") if t.function else ""
                     c["arguments"] += (t.function.arguments or "") if t.function else ""
                 finish = choice.finish_reason or finish
-        seen.append({"id": rid, "content": content, "calls": list(calls.values()), "finish": finish})
+        seen.append(
+            {"id": rid, "content": content, "calls": list(calls.values()), "finish": finish}
+        )
         if calls:
             c = next(iter(calls.values()))
             messages.append(
@@ -163,20 +167,30 @@ async def test_a_tool_using_call_comes_out_as_the_client_saw_it_then_one_feedbac
     async with running_gateway(
         kafka_bootstrap, prefix, standin.url, f"{production.url}/v1", tmp_path / "spill"
     ) as gw:
-        headers = {"X-Trajstream-Agent-Name": "support", "X-Trajstream-Mark": '{"labels": ["gold"]}'}
+        headers = {
+            "X-Trajstream-Agent-Name": "support",
+            "X-Trajstream-Mark": '{"labels": ["gold"]}',
+        }
         sync = await asyncio.to_thread(
             lambda: agent_turn_sync(f"{gw.url}/calls/{sync_id}/v1", "Where is order 42?")
         )
         streamed = await agent_turn_stream(f"{gw.url}/calls/{stream_id}/v1", "Is it in stock?")
         async with httpx.AsyncClient(base_url=gw.url, headers=headers) as http:
-            for cid, output in ((sync_id, sync["second"].choices[0].message.content), (stream_id, "ok")):
+            for cid, output in (
+                (sync_id, sync["second"].choices[0].message.content),
+                (stream_id, "ok"),
+            ):
                 r = await http.post(f"/calls/{cid}/end", json={"status": "OK", "output": output})
                 assert r.status_code == 202 and r.json()["step_count"] == 3
-            r = await http.post(f"/calls/{sync_id}/feedback", json={"rating": 5, "comment": "great"})
+            r = await http.post(
+                f"/calls/{sync_id}/feedback", json={"rating": 5, "comment": "great"}
+            )
             assert r.status_code == 202
         assert await gw.publisher.flush(20)
 
-    records = await read_topic(kafka_bootstrap, f"{prefix}.agent-events", until=complete({sync_id, stream_id}))
+    records = await read_topic(
+        kafka_bootstrap, f"{prefix}.agent-events", until=complete({sync_id, stream_id})
+    )
     # the sync call, exactly as the client saw it
     events = call_events(records, sync_id)
     start, *steps, end = events
@@ -192,7 +206,10 @@ async def test_a_tool_using_call_comes_out_as_the_client_saw_it_then_one_feedbac
     ]
     assert first.tool_calls == ["lookup_order"] and first.finish_reasons == ["tool_calls"]
     assert first.input_tokens == sync["first"].usage.prompt_tokens
-    assert [m.content for m in first.input_messages] == ["You help with orders.", "Where is order 42?"]
+    assert [m.content for m in first.input_messages] == [
+        "You help with orders.",
+        "Where is order 42?",
+    ]
     assert tool.tool_call_id == call.id and tool.tool_name == "lookup_order"
     assert tool.output_messages[0].content == "order 42 shipped"
     assert second.input_messages[2].tool_calls == first.tool_call_details
@@ -231,7 +248,11 @@ async def test_routing_follows_the_documented_hash_over_1000_calls(
 ):
     rate = 0.3
     async with running_gateway(
-        kafka_bootstrap, prefix, standin.url, f"{production.url}/v1", tmp_path / "spill",
+        kafka_bootstrap,
+        prefix,
+        standin.url,
+        f"{production.url}/v1",
+        tmp_path / "spill",
         strategy=f"sampling:{rate}",
     ) as gw:
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
@@ -240,7 +261,9 @@ async def test_routing_follows_the_documented_hash_over_1000_calls(
         async def one(i: int) -> tuple[str, str, str]:
             cid = f"route-{i}"
             async with limit:
-                raw = await client.with_options(base_url=f"{gw.url}/calls/{cid}/v1").chat.completions.with_raw_response.create(
+                raw = await client.with_options(
+                    base_url=f"{gw.url}/calls/{cid}/v1"
+                ).chat.completions.with_raw_response.create(
                     model="m", messages=[{"role": "user", "content": f"q{i}"}]
                 )
             return cid, raw.headers["x-trajstream-upstream"], raw.parse().id
@@ -252,20 +275,29 @@ async def test_routing_follows_the_documented_hash_over_1000_calls(
     assert 200 < len(to_trinity) < 400
     served_by_trinity = {rid for cid, _, rid in results if cid in to_trinity}
     assert served_by_trinity == set(standin.state.experiences)
-    assert {rid for cid, _, rid in results if cid not in to_trinity} == set(production.state.experiences)
+    assert {rid for cid, _, rid in results if cid not in to_trinity} == set(
+        production.state.experiences
+    )
 
 
 async def test_shadow_mode_answers_from_production_and_records_trinity(
     kafka_bootstrap, prefix, standin, production, tmp_path
 ):
     async with running_gateway(
-        kafka_bootstrap, prefix, standin.url, f"{production.url}/v1", tmp_path / "spill",
-        strategy="marked", mode="shadow",
+        kafka_bootstrap,
+        prefix,
+        standin.url,
+        f"{production.url}/v1",
+        tmp_path / "spill",
+        strategy="marked",
+        mode="shadow",
     ) as gw:
         answers = {}
         for cid, headers in (("marked-1", {"X-Trajstream-Mark": "{}"}), ("plain-1", {})):
             client = openai.AsyncOpenAI(
-                base_url=f"{gw.url}/calls/{cid}/v1", api_key="k", max_retries=0,
+                base_url=f"{gw.url}/calls/{cid}/v1",
+                api_key="k",
+                max_retries=0,
                 default_headers=headers,
             )
             answers[cid] = await client.chat.completions.create(
@@ -273,10 +305,14 @@ async def test_shadow_mode_answers_from_production_and_records_trinity(
             )
             await client.close()
             async with httpx.AsyncClient() as http:
-                assert (await http.post(f"{gw.url}/calls/{cid}/end", headers=headers)).status_code == 202
+                assert (
+                    await http.post(f"{gw.url}/calls/{cid}/end", headers=headers)
+                ).status_code == 202
         assert await gw.publisher.flush(20)
     assert {a.id for a in answers.values()} <= set(production.state.experiences)
-    records = await read_topic(kafka_bootstrap, f"{prefix}.agent-events", until=complete({"marked-1", "plain-1"}))
+    records = await read_topic(
+        kafka_bootstrap, f"{prefix}.agent-events", until=complete({"marked-1", "plain-1"})
+    )
     (marked_step,) = [r for r in call_events(records, "marked-1") if isinstance(r, Completion)]
     (plain_step,) = [r for r in call_events(records, "plain-1") if isinstance(r, Completion)]
     assert marked_step.upstream == "trinity-shadow"
@@ -308,12 +344,22 @@ async def failing_upstream() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def test_upstream_errors_reach_the_client_in_openais_shape(kafka_bootstrap, prefix, standin, tmp_path):
+async def test_upstream_errors_reach_the_client_in_openais_shape(
+    kafka_bootstrap, prefix, standin, tmp_path
+):
     async with failing_upstream() as base:
-        for path, status, kind in (("error", 500, "server_error"), ("hang", 504, "upstream_timeout")):
+        for path, status, kind in (
+            ("error", 500, "server_error"),
+            ("hang", 504, "upstream_timeout"),
+        ):
             async with running_gateway(
-                kafka_bootstrap, prefix, standin.url, f"{base}/{path}", tmp_path / path,
-                strategy="sampling:0", timeout_s=1,
+                kafka_bootstrap,
+                prefix,
+                standin.url,
+                f"{base}/{path}",
+                tmp_path / path,
+                strategy="sampling:0",
+                timeout_s=1,
             ) as gw:
                 client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
                 with pytest.raises(openai.APIStatusError) as caught:
@@ -325,15 +371,26 @@ async def test_upstream_errors_reach_the_client_in_openais_shape(kafka_bootstrap
                 assert caught.value.body["type"] == kind
                 if status == 500:  # unchanged: the upstream's own body
                     assert caught.value.response.json() == {
-                        "error": {"message": "model overloaded", "type": "server_error", "code": "x1"}
+                        "error": {
+                            "message": "model overloaded",
+                            "type": "server_error",
+                            "code": "x1",
+                        }
                     }
     # nothing listens there any more: 502
     async with running_gateway(
-        kafka_bootstrap, prefix, standin.url, f"{base}/error", tmp_path / "gone", strategy="sampling:0"
+        kafka_bootstrap,
+        prefix,
+        standin.url,
+        f"{base}/error",
+        tmp_path / "gone",
+        strategy="sampling:0",
     ) as gw:
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
         with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
         await client.close()
         assert caught.value.status_code == 502 and caught.value.body["type"] == "upstream_error"
 
@@ -342,25 +399,56 @@ async def test_bad_input_gets_an_openai_4xx_and_is_recorded_nowhere(
     kafka_bootstrap, prefix, standin, production, tmp_path
 ):
     async with running_gateway(
-        kafka_bootstrap, prefix, standin.url, f"{production.url}/v1", tmp_path / "spill", max_body_bytes=2000
+        kafka_bootstrap,
+        prefix,
+        standin.url,
+        f"{production.url}/v1",
+        tmp_path / "spill",
+        max_body_bytes=2000,
     ) as gw:
         await wait_for(lambda: gw.publisher.stats.connected, 30, "the publisher to connect")
         ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         cases = [
             ("/v1/chat/completions", b"{not json", {}, 400, None),
             ("/v1/chat/completions", json.dumps({"model": "m"}).encode(), {}, 400, "messages"),
-            ("/v1/chat/completions", json.dumps({"model": "m", "messages": []}).encode(), {}, 400, "messages"),
+            (
+                "/v1/chat/completions",
+                json.dumps({"model": "m", "messages": []}).encode(),
+                {},
+                400,
+                "messages",
+            ),
             ("/v1/chat/completions", json.dumps({**ok, "pad": "x" * 3000}).encode(), {}, 413, None),
-            ("/calls/c1/v1/chat/completions", json.dumps(ok).encode(), {"X-Trajstream-Mark": "yes"}, 400, "X-Trajstream-Mark"),
-            ("/calls/c1/v1/chat/completions", json.dumps(ok).encode(), {"X-Trajstream-Mark": '{"run_id": -1}'}, 400, "X-Trajstream-Mark"),
-            ("/calls/c1/v1/chat/completions", json.dumps(ok).encode(), {"X-Trajstream-Agent-Name": "x" * 2000}, 400, "X-Trajstream-Agent-Name"),
+            (
+                "/calls/c1/v1/chat/completions",
+                json.dumps(ok).encode(),
+                {"X-Trajstream-Mark": "yes"},
+                400,
+                "X-Trajstream-Mark",
+            ),
+            (
+                "/calls/c1/v1/chat/completions",
+                json.dumps(ok).encode(),
+                {"X-Trajstream-Mark": '{"run_id": -1}'},
+                400,
+                "X-Trajstream-Mark",
+            ),
+            (
+                "/calls/c1/v1/chat/completions",
+                json.dumps(ok).encode(),
+                {"X-Trajstream-Agent-Name": "x" * 2000},
+                400,
+                "X-Trajstream-Agent-Name",
+            ),
             ("/calls/bad%20id/v1/chat/completions", json.dumps(ok).encode(), {}, 400, "call_id"),
             ("/calls/c1/feedback", json.dumps({"rating": "high"}).encode(), {}, 400, "rating"),
             ("/calls/c1/end", json.dumps({"status": "FINE"}).encode(), {}, 400, "status"),
         ]
         async with httpx.AsyncClient(base_url=gw.url) as http:
             for path, body, headers, status, param in cases:
-                r = await http.post(path, content=body, headers={"Content-Type": "application/json", **headers})
+                r = await http.post(
+                    path, content=body, headers={"Content-Type": "application/json", **headers}
+                )
                 assert r.status_code == status, (path, body[:40], r.text)
                 error = r.json()["error"]
                 assert error["type"] == "invalid_request_error" and error["message"]
@@ -369,7 +457,9 @@ async def test_bad_input_gets_an_openai_4xx_and_is_recorded_nowhere(
             assert good.status_code == 200
         assert await gw.publisher.flush(20)
     assert len(standin.state.experiences) == 1 and not production.state.experiences
-    records = await read_topic(kafka_bootstrap, f"{prefix}.agent-events", until=lambda r: len(r) >= 2)
+    records = await read_topic(
+        kafka_bootstrap, f"{prefix}.agent-events", until=lambda r: len(r) >= 2
+    )
     assert {r.call_id for r in records} == {"good"} and len(records) == 2
     assert not await read_topic(kafka_bootstrap, f"{prefix}.user-feedback")
 
@@ -385,14 +475,21 @@ async def test_broker_stopped_during_traffic_every_answer_arrives_and_every_even
     bootstrap = await asyncio.to_thread(broker.start, 120)
     try:
         async with running_gateway(
-            bootstrap, prefix, standin.url, f"{production.url}/v1", tmp_path / "spill",
-            strategy="sampling:0.5", buffer_records=4,
+            bootstrap,
+            prefix,
+            standin.url,
+            f"{production.url}/v1",
+            tmp_path / "spill",
+            strategy="sampling:0.5",
+            buffer_records=4,
         ) as gw:
             client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
 
             async def call(cid: str) -> None:
                 c = client.with_options(base_url=f"{gw.url}/calls/{cid}/v1")
-                await c.chat.completions.create(model="m", messages=[{"role": "user", "content": cid}])
+                await c.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": cid}]
+                )
                 async with httpx.AsyncClient() as http:
                     assert (await http.post(f"{gw.url}/calls/{cid}/end")).status_code == 202
 
@@ -411,7 +508,9 @@ async def test_broker_stopped_during_traffic_every_answer_arrives_and_every_even
             assert await gw.publisher.flush(60), gw.publisher.health()
             await client.close()
         assert not list((tmp_path / "spill").glob("spill-*.bin"))
-        records = await read_topic(bootstrap, f"{prefix}.agent-events", until=complete(set(before + during)))
+        records = await read_topic(
+            bootstrap, f"{prefix}.agent-events", until=complete(set(before + during))
+        )
         for cid in before + during:
             events = call_events(records, cid)
             first_seen = list(dict.fromkeys(e.event_id for e in events))

@@ -10,7 +10,7 @@ from typing import Any
 
 import fastavro
 import pytest
-from fastavro.schema import load_schema, parse_schema, to_parsing_canonical_form
+from fastavro.schema import parse_schema, to_parsing_canonical_form
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

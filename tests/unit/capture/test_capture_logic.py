@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.capture.gateway import (
-    BadRequest,
-    StreamAssembler,
-    llm_step,
-    parse_messages,
-    steps_of_request,
-)
+from streams.capture.chat import StreamAssembler, llm_step, steps_of_request
+from streams.capture.gateway import BadRequest, parse_messages
 from streams.capture.publisher import SpillFiles
 from streams.capture.routing import check_routable, decide_route
 from streams.errors import ConfigError
@@ -25,8 +20,13 @@ from tests.unit.factories import T0, mark, start
 
 @pytest.mark.parametrize(
     "spec",
-    ["sampling:0.2", "marked", "any(marked,sampling:0.1)", "all(marked,sampling)",
-     "per-agent(a=sampling:1,*=marked)"],
+    [
+        "sampling:0.2",
+        "marked",
+        "any(marked,sampling:0.1)",
+        "all(marked,sampling)",
+        "per-agent(a=sampling:1,*=marked)",
+    ],
 )
 def test_built_in_strategies_that_decide_at_the_start_can_route(spec: str) -> None:
     check_routable(build_strategy(spec))
@@ -66,7 +66,9 @@ def test_the_decision_is_the_hash_and_the_mark_never_the_clock() -> None:
     for i in range(200):
         cid = f"c{i}"
         early = decide_route(strategy, start(cid, event_time=T0, mark=None), "route")
-        late = decide_route(strategy, start(cid, event_time=T0 + timedelta(hours=1), mark=None), "route")
+        late = decide_route(
+            strategy, start(cid, event_time=T0 + timedelta(hours=1), mark=None), "route"
+        )
         assert early == late
         assert early.selection.selected == (sample_point(cid) < 0.5)
         assert early.upstream == ("trinity" if early.selection.selected else "production")
@@ -84,17 +86,36 @@ def test_tool_messages_after_the_last_assistant_turn_are_tool_steps() -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "found"},
     ]
     (tool,) = steps_of_request("c", messages, T0)
-    assert (tool.seq, tool.kind, tool.tool_name, tool.tool_call_id) == (2, StepKind.TOOL, "lookup", "call_1")
+    assert (tool.seq, tool.kind, tool.tool_name, tool.tool_call_id) == (
+        2,
+        StepKind.TOOL,
+        "lookup",
+        "call_1",
+    )
     assert steps_of_request("c", messages[:1], T0) == []
-    step = llm_step("c", {"model": "m", "messages": messages}, {"id": "r", "choices": []},
-                    upstream="trinity", latency_ms=1.0, now=T0)
-    assert step.seq == 3 and step.input_messages[1].tool_calls == [ToolCall(id="call_1", name="lookup")]
+    step = llm_step(
+        "c",
+        {"model": "m", "messages": messages},
+        {"id": "r", "choices": []},
+        upstream="trinity",
+        latency_ms=1.0,
+        now=T0,
+    )
+    assert step.seq == 3 and step.input_messages[1].tool_calls == [
+        ToolCall(id="call_1", name="lookup")
+    ]
 
 
 @pytest.mark.parametrize(
     "body",
-    [[], {"model": "m"}, {"messages": []}, {"messages": [{"content": "x"}]},
-     {"messages": [{"role": "user"}], "model": 3}, {"messages": [{"role": "user"}], "stream": "yes"}],
+    [
+        [],
+        {"model": "m"},
+        {"messages": []},
+        {"messages": [{"content": "x"}]},
+        {"messages": [{"role": "user"}], "model": 3},
+        {"messages": [{"role": "user"}], "stream": "yes"},
+    ],
 )
 def test_requests_without_usable_messages_are_refused(body) -> None:
     with pytest.raises(BadRequest):
@@ -106,11 +127,43 @@ def test_streamed_chunks_add_up_to_the_completion() -> None:
         return f"data: {json.dumps(chunk)}\r\n\r\n".encode()
 
     chunks = [
-        {"id": "r1", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "He"}}]},
-        {"id": "r1", "choices": [{"index": 0, "delta": {"content": "llo", "tool_calls": [
-            {"index": 0, "id": "call_9", "function": {"name": "look", "arguments": '{"q"'}}]}}]},
-        {"id": "r1", "choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": 0, "function": {"name": "up", "arguments": ': 1}'}}]}, "finish_reason": "tool_calls"}]},
+        {
+            "id": "r1",
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": "He"}}],
+        },
+        {
+            "id": "r1",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "content": "llo",
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_9",
+                                "function": {"name": "look", "arguments": '{"q"'},
+                            }
+                        ],
+                    },
+                }
+            ],
+        },
+        {
+            "id": "r1",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "function": {"name": "up", "arguments": ": 1}"}}
+                        ]
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+        },
         {"id": "r1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
     ]
     data = b"".join(sse(c) for c in chunks) + b"data: [DONE]\n\n"
@@ -126,7 +179,9 @@ def test_streamed_chunks_add_up_to_the_completion() -> None:
     assert out["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def test_spill_files_read_back_in_order_across_restarts_and_skip_a_torn_frame(tmp_path: Path) -> None:
+def test_spill_files_read_back_in_order_across_restarts_and_skip_a_torn_frame(
+    tmp_path: Path,
+) -> None:
     spill = SpillFiles(tmp_path)
     for i in range(5):
         spill.append(("t", b"k", f"v{i}".encode()))
