@@ -340,7 +340,11 @@ def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
 
-    asyncio.run(run_gateway(settings, ready=ready))
+    loop = _event_loop()
+    try:
+        loop.run_until_complete(run_gateway(settings, ready=ready))
+    finally:
+        loop.close()
     return 0
 
 

@@ -325,6 +325,10 @@ class Gateway:
         raw = await request.read()
         if not raw and not required:
             return {}
+        return self._parse_json(raw)
+
+    @staticmethod
+    def _parse_json(raw: bytes) -> Any:
         try:
             return json.loads(raw)
         except ValueError as exc:
@@ -393,7 +397,8 @@ class Gateway:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
         path_call = self._call_id(request)
-        body = await self._json_body(request)
+        raw = await request.read()
+        body = self._parse_json(raw)
         messages = parse_messages(body)
         call_id = path_call or f"gw-{uuid.uuid4().hex}"
         start = self._start_event(request, call_id, messages)  # validates the headers too
@@ -426,8 +431,10 @@ class Gateway:
             state.pending.add(task)
             task.add_done_callback(state.pending.discard)
         if body.get("stream"):
-            return await self._forward_stream(request, call_id, body, state, headers, path_call)
-        return await self._forward_json(call_id, body, state, headers, path_call)
+            return await self._forward_stream(
+                raw, request, call_id, body, state, headers, path_call
+            )
+        return await self._forward_json(raw, call_id, body, state, headers, path_call)
 
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -435,21 +442,26 @@ class Gateway:
         task.add_done_callback(self._background.discard)
         return task
 
-    def _upstream(self, which: str, body: dict[str, Any]) -> tuple[str, dict[str, str], bytes]:
+    def _upstream(
+        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    ) -> tuple[str, dict[str, str], bytes]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if which == "trinity":
             url = f"{self.config.trinity_url}/v1/chat/completions"
             if self.config.trinity_model:
-                body = {**body, "model": self.config.trinity_model}
+                body, raw = {**body, "model": self.config.trinity_model}, None
         else:
             url = f"{self.config.production_url}/chat/completions"
             if self.config.production_api_key:
                 headers["Authorization"] = f"Bearer {self.config.production_api_key}"
-        return url, headers, json.dumps(body).encode()
+        # the agent's bytes as they came, unless something had to change
+        return url, headers, raw if raw is not None else json.dumps(body).encode()
 
-    async def _send(self, which: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _send(
+        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    ) -> aiohttp.ClientResponse:
         assert self._session is not None
-        url, headers, data = self._upstream(which, body)
+        url, headers, data = self._upstream(which, body, raw)
         try:
             return await self._session.post(url, data=data, headers=headers)
         except TimeoutError:
@@ -502,6 +514,7 @@ class Gateway:
 
     async def _forward_json(
         self,
+        raw: bytes,
         call_id: str,
         body: dict[str, Any],
         state: CallState,
@@ -511,7 +524,7 @@ class Gateway:
         route = state.route
         began = time.perf_counter()
         try:
-            upstream = await self._send(route.upstream, body)
+            upstream = await self._send(route.upstream, body, raw)
             async with upstream:
                 data = await upstream.read()
         except UpstreamFailed as exc:
@@ -557,6 +570,7 @@ class Gateway:
 
     async def _forward_stream(
         self,
+        raw: bytes,
         request: web.Request,
         call_id: str,
         body: dict[str, Any],
@@ -567,7 +581,7 @@ class Gateway:
         route = state.route
         began = time.perf_counter()
         try:
-            upstream = await self._send(route.upstream, body)
+            upstream = await self._send(route.upstream, body, raw)
         except UpstreamFailed as exc:
             return self._upstream_error(exc, headers)
         async with upstream:
