@@ -56,8 +56,8 @@ DEMO_SETTINGS = {
     "TRAJSTREAM_SELECTION__STRATEGY": "any(marked,sampling)",
     "TRAJSTREAM_SELECTION__RATE": "0.25",
     "TRAJSTREAM_REWARD__FUNCTION": "composite",
-    "TRAJSTREAM_REWARD__WEIGHTS": '{"streams.rewards:success": 0.5, "streams.rewards:user_rating": 0.3, '
-    '"streams.rewards:latency_efficiency": 0.2}',
+    "TRAJSTREAM_REWARD__WEIGHTS": '{"streams.rewards:success": 0.5, '
+    '"streams.rewards:user_rating": 0.3, "streams.rewards:latency_efficiency": 0.2}',
     "TRAJSTREAM_REWARD__FEEDBACK_GRACE_S": "3",
     "TRAJSTREAM_ASSEMBLY__TICK_S": "1",
     "TRAJSTREAM_COMMIT__INTERVAL_S": "5",
@@ -139,7 +139,7 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
         )
         log_path = tmp / "worker.log"
         with log_path.open("wb") as log_file:
-            worker = subprocess.Popen(
+            worker = subprocess.Popen(  # noqa: ASYNC220 - started once, returns at once
                 [sys.executable, "-m", "streams.cli", "worker"],
                 env=env,
                 stdout=log_file,

@@ -23,17 +23,17 @@ def test_the_production_key_is_a_secret_everywhere_it_could_show(monkeypatch) ->
 
 
 def test_a_bad_key_value_is_named_but_not_echoed() -> None:
-    with pytest.raises(ConfigError, match="gateway.production_api_key") as caught:
+    with pytest.raises(ConfigError, match=r"gateway\.production_api_key") as caught:
         load_settings(gateway={"production_api_key": 12345})
     assert "12345" not in str(caught.value)
 
 
 def test_the_production_url_is_required_and_checked() -> None:
-    with pytest.raises(ConfigError, match="gateway.production_url"):
+    with pytest.raises(ConfigError, match=r"gateway\.production_url"):
         GatewayConfig.from_settings(load_settings())
-    with pytest.raises(ConfigError, match="gateway.production_url"):
+    with pytest.raises(ConfigError, match=r"gateway\.production_url"):
         load_settings(gateway={"production_url": "api.example.com"})
-    with pytest.raises(ConfigError, match="gateway.mode"):
+    with pytest.raises(ConfigError, match=r"gateway\.mode"):
         load_settings(gateway={"mode": "mirror"})
 
 
