@@ -120,7 +120,7 @@ class GatewaySettings(_Section):
     )
     connect_timeout_s: PositiveFloat = 5.0
     timeout_s: PositiveFloat = Field(
-        default=120.0, description="an upstream that has not answered by then: 504"
+        default=120.0, description="an upstream silent this long (no byte): 504"
     )
     max_body_bytes: PositiveInt = Field(default=8 * 1024 * 1024, description="larger: 413")
     max_connections: PositiveInt = Field(default=256, description="per upstream")

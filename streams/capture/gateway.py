@@ -266,8 +266,11 @@ class Gateway:
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        # no total limit (a long stream is fine); an upstream silent for timeout_s is a 504
         timeout = aiohttp.ClientTimeout(
-            total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s
+            total=None,
+            sock_connect=self.config.connect_timeout_s,
+            sock_read=self.config.timeout_s,
         )
         self._session = aiohttp.ClientSession(
             timeout=timeout,
