@@ -517,3 +517,66 @@ async def test_broker_stopped_during_traffic_every_answer_arrives_and_every_even
             assert first_seen == [f"{cid}/start", f"{cid}/1", f"{cid}/end"], (cid, first_seen)
     finally:
         await asyncio.to_thread(broker.stop)
+
+
+async def test_two_replicas_agree_on_a_calls_route_and_its_steps(
+    kafka_bootstrap, prefix, standin, production, tmp_path
+):
+    prod = f"{production.url}/v1"
+    async with (
+        running_gateway(
+            kafka_bootstrap,
+            prefix,
+            standin.url,
+            prod,
+            tmp_path / "a",
+            strategy="any(marked,sampling:0.5)",
+            count_steps=False,
+        ) as a,
+        running_gateway(
+            kafka_bootstrap,
+            prefix,
+            standin.url,
+            prod,
+            tmp_path / "b",
+            strategy="any(marked,sampling:0.5)",
+            count_steps=False,
+        ) as b,
+    ):
+        calls = {f"rep-{i}": {} for i in range(6)}
+        calls["rep-marked"] = {"X-Trajstream-Mark": '{"labels": ["x"]}'}
+        for cid, headers in calls.items():
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "first"}]
+            upstreams = []
+            for gw in (a, b, a):  # each request to another replica
+                client = openai.AsyncOpenAI(
+                    base_url=f"{gw.url}/calls/{cid}/v1",
+                    api_key="k",
+                    max_retries=0,
+                    default_headers=headers,
+                )
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="m", messages=messages
+                )
+                await client.close()
+                upstreams.append(raw.headers["x-trajstream-upstream"])
+                messages += [
+                    raw.parse().choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "more"},
+                ]
+            assert len(set(upstreams)) == 1, (cid, upstreams)
+            expected = "trinity" if headers or sample_point(cid) < 0.5 else "production"
+            assert upstreams[0] == expected
+            async with httpx.AsyncClient() as http:
+                r = await http.post(f"{b.url}/calls/{cid}/end", headers=headers)
+                assert r.json()["step_count"] is None  # count_steps = false
+        assert await a.publisher.flush(20) and await b.publisher.flush(20)
+    records = await read_topic(
+        kafka_bootstrap, f"{prefix}.agent-events", until=complete(set(calls))
+    )
+    for cid in calls:
+        events = call_events(records, cid)
+        assert sorted(e.seq for e in events if isinstance(e, Completion)) == [1, 3, 5]
+        starts = [e for e in events if isinstance(e, AgentCall) and e.phase is CallPhase.START]
+        assert {s.event_id for s in starts} == {f"{cid}/start"}  # one START, by its id
+        assert len({s.attributes["trajstream.route.upstream"] for s in starts}) == 1
