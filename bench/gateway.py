@@ -14,8 +14,9 @@ drives both from this process with aiohttp. It reports, as a table and as JSON
                and straight to the stand-in (the upstream's own ceiling, for context)
 2. latency     open loop at half the gateway's measured max rate: p50/p99 through the gateway
                and direct at the same rate; "added" is the difference of the two
-3. rss         the gateway process's RSS sampled every second over a --soak run at that rate:
-               first, max, last, and last minus the value after the first tenth of the run
+3. rss         the gateway process's RSS sampled every second over a --soak run at that rate,
+               each call ended with /end as agents do: first, max, last, and last minus the
+               value after the first tenth of the run
 
 Each request is one step of a call named in the path (/calls/<id>/v1/chat/completions), a
 ~1 KB chat body; every answer is recorded (START and one step per call on the agent-events
@@ -79,15 +80,21 @@ async def wait_http(url: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{url} did not answer in {timeout}s")
 
 
-async def one(http: aiohttp.ClientSession, url: str, data: bytes) -> float:
+async def one(http: aiohttp.ClientSession, url: str, data: bytes, end: str | None = None) -> float:
+    """One chat request of a fresh call (timed); with ``end``, then that call's /end (untimed)."""
+    cid = uuid.uuid4().hex
     began = time.perf_counter()
     async with http.post(
-        url.format(uuid.uuid4().hex), data=data, headers={"Content-Type": "application/json"}
+        url.format(cid), data=data, headers={"Content-Type": "application/json"}
     ) as r:
         await r.read()
         if r.status != 200:
             raise RuntimeError(f"status {r.status}")
-    return (time.perf_counter() - began) * 1000
+    took = (time.perf_counter() - began) * 1000
+    if end is not None:
+        async with http.post(end.format(cid)) as r:
+            await r.read()
+    return took
 
 
 async def max_rate(url: str, seconds: float, concurrency: int) -> float:
@@ -107,7 +114,9 @@ async def max_rate(url: str, seconds: float, concurrency: int) -> float:
         return done / (time.perf_counter() - began)
 
 
-async def at_rate(url: str, rate: float, seconds: float, on_tick: Any = None) -> list[float]:
+async def at_rate(
+    url: str, rate: float, seconds: float, on_tick: Any = None, end: str | None = None
+) -> list[float]:
     """Open loop: one request every 1/rate s, each timed from its send."""
     data = json.dumps(BODY).encode()
     latencies: list[float] = []
@@ -115,7 +124,7 @@ async def at_rate(url: str, rate: float, seconds: float, on_tick: Any = None) ->
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as http:
 
         async def send() -> None:
-            latencies.append(await one(http, url, data))
+            latencies.append(await one(http, url, data, end))
 
         t0 = time.perf_counter()
         n = int(rate * seconds)
@@ -204,6 +213,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             gateway_url,
             rate,
             args.soak,
+            end=f"{gateway}/calls/{{}}/end",
             on_tick=lambda: samples.append((time.monotonic() - began, rss_kib(gw.pid))),
         )
         async with aiohttp.ClientSession() as http, http.get(f"{gateway}/healthz") as r:

@@ -130,9 +130,9 @@ def parse_messages(body: Any) -> list[dict[str, Any]]:
 # -- per-process memory of calls (step counts; the decision itself needs none) ---------------
 
 
-@dataclass
+@dataclass(slots=True)
 class CallState:
-    route: Route
+    route: Route  # shared between calls decided alike (see Gateway._route)
     seqs: set[int] = field(default_factory=set)
     pending: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -247,6 +247,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._routes: dict[tuple[bool, str, str], Route] = {}
         self.url = ""
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -408,7 +409,7 @@ class Gateway:
         state = self.calls.get(call_id) if path_call else None
         records: list[AgentCall | Completion] = []
         if state is None:
-            route = decide_route(self.strategy, start, self.config.mode)
+            route = self._route(start)
             state = CallState(route)
             if path_call:
                 self.calls.add(call_id, state)
@@ -438,6 +439,18 @@ class Gateway:
                 raw, request, call_id, body, state, headers, path_call
             )
         return await self._forward_json(raw, call_id, body, state, headers, path_call)
+
+    def _route(self, start: AgentCall) -> Route:
+        """The call's decision; one shared object per distinct decision (memory per call)."""
+        route = decide_route(self.strategy, start, self.config.mode)
+        s = route.selection
+        key = (s.selected, s.strategy, s.reason)
+        shared = self._routes.get(key)
+        if shared is None:
+            if len(self._routes) > 1024:  # reasons from a plugin may vary: keep this bounded
+                self._routes.clear()
+            shared = self._routes[key] = route
+        return shared
 
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
