@@ -311,6 +311,43 @@ on <prefix>.replayed: re-running a replay skips it, and says so.
 """
 
 
+def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
+    from .capture.gateway import build_gateway, run_gateway
+
+    updates = {
+        k: v
+        for k, v in (
+            ("host", args.host),
+            ("port", args.port),
+            ("mode", args.mode),
+            ("production_url", args.production_url),
+        )
+        if v is not None
+    }
+    if updates:
+        gateway = settings.gateway.model_validate({**settings.gateway.model_dump(), **updates})
+        settings = settings.model_copy(update={"gateway": gateway})
+    bootstrap = resolve_bootstrap(settings)
+    settings = settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})}
+    )
+    build_gateway(settings)  # bad settings fail here, before anything listens
+
+    def ready(url: str) -> None:
+        print(
+            f"trajstream gateway on {url} ({settings.gateway.mode} mode); agents use "
+            f"base_url={url}/calls/<call_id>/v1",
+            flush=True,
+        )
+
+    loop = _event_loop()
+    try:
+        loop.run_until_complete(run_gateway(settings, ready=ready))
+    finally:
+        loop.close()
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
     print(json.dumps(settings.model_dump(mode="json"), indent=2))
     return 0
@@ -328,6 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["start", "stop", "status", "run"])
     p.add_argument("--port", type=int, default=None, help="listener port (start: 9092 if free)")
     p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser(
+        "gateway",
+        help="the OpenAI-compatible gateway: route selected calls to Trinity, record every step",
+        description="Serve OpenAI's chat completions API in front of Trinity and a production "
+        "model. Agents set their client's base_url to http://HOST:PORT/calls/<call_id>/v1.",
+    )
+    p.add_argument("--host", default=None, help="listen address (gateway.host)")
+    p.add_argument("--port", type=int, default=None, help="listen port (gateway.port)")
+    p.add_argument("--mode", choices=["route", "shadow"], default=None, help="gateway.mode")
+    p.add_argument("--production-url", default=None, help="gateway.production_url")
+    p.set_defaults(func=cmd_gateway)
 
     p = sub.add_parser("topics", help="create the deployment's topics")
     p.set_defaults(func=cmd_topics)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -36,7 +37,7 @@ from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_c
 from .errors import DecodeError, ValidationError
 from .models import MODELS, AvroModel
 
-__all__ = ["MAGIC", "SchemaRegistry", "schema_dir", "schema_fingerprint"]
+__all__ = ["MAGIC", "SchemaRegistry", "named_types", "schema_dir", "schema_fingerprint"]
 
 MAGIC = b"\xc3\x01"
 _HEADER = len(MAGIC) + 8
@@ -107,13 +108,11 @@ class SchemaRegistry:
         """
         raw = json.loads(schema) if isinstance(schema, str) else schema
         own = _full_name(raw)
-        named: dict[str, Any] = {}
-        for path in sorted(self.directory.glob("*.avsc")):
-            if path.stem != own:
-                load_schema(str(path), named_schemas=named, _write_hint=False)
-        named.pop(own, None)
+        named = named_types(self.directory, exclude=own)
         # expand: the fingerprint is of the full canonical form, with named types inlined
-        parsed: dict[str, Any] = parse_schema(raw, named_schemas=named, expand=True)  # type: ignore[assignment]
+        parsed: dict[str, Any] = _define_once(
+            parse_schema(raw, named_schemas=named, expand=True), set()
+        )
         name = str(parsed["name"])
         model = next((m for m in self._by_model if m.avro_name == name), None)
         writer = _Writer(name, parsed, model)
@@ -187,6 +186,69 @@ class SchemaRegistry:
         if not isinstance(value, model):
             raise DecodeError(f"expected {model.avro_name}, got {type(value).avro_name}")
         return value
+
+
+_REFERENCE = re.compile(r'"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)"')
+
+
+def named_types(directory: Path, *, exclude: str | None = None) -> dict[str, Any]:
+    """Every named type of the ``.avsc`` files in ``directory`` (but ``exclude``), parsed.
+
+    Files are loaded dependencies first: fastavro leaves a half-parsed entry behind for a file
+    whose named types it had to fetch from other files on the way.
+    """
+    paths = {p.stem: p for p in directory.glob("*.avsc")}
+    order: list[str] = []
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        if name in order or name in trail or name not in paths:
+            return
+        for ref in _REFERENCE.findall(paths[name].read_text()):
+            if ref != name:
+                visit(ref, (*trail, name))
+        order.append(name)
+
+    for name in sorted(paths):
+        visit(name, ())
+    named: dict[str, Any] = {}
+    for name in order:
+        if name != exclude:
+            load_schema(str(paths[name]), named_schemas=named, _write_hint=False)
+    named.pop(exclude or "", None)
+    # each entry self-contained: a nested named type inlined, as expand=True inlines the top
+    for name in order:
+        if name in named:
+            named[name] = _inline(named[name], named, name)
+    return named
+
+
+def _define_once(node: Any, seen: set[str]) -> Any:
+    """A named type defined at its first use and named after, as in Avro's canonical form
+    (``expand=True`` inlines every use, which changes the fingerprint)."""
+    if isinstance(node, list):
+        return [_define_once(n, seen) for n in node]
+    if not isinstance(node, dict):
+        return node
+    name = node.get("name") if node.get("type") in ("record", "enum", "fixed") else None
+    if isinstance(name, str):
+        if name in seen:
+            return name
+        seen.add(name)
+    return {
+        k: _define_once(v, seen) if k in ("type", "items", "values", "fields") else v
+        for k, v in node.items()
+    }
+
+
+def _inline(node: Any, named: dict[str, Any], own: str) -> Any:
+    if isinstance(node, str):
+        return named[node] if node != own and node in named else node
+    if isinstance(node, list):
+        return [_inline(n, named, own) for n in node]
+    if isinstance(node, dict):
+        return {k: _inline(v, named, own) if k in ("type", "items", "values", "fields") else v
+                for k, v in node.items()}
+    return node
 
 
 def _full_name(schema: dict[str, Any]) -> str:

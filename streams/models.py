@@ -45,6 +45,7 @@ __all__ = [
     "SelectionDecision",
     "StepKind",
     "Tick",
+    "ToolCall",
     "TrainingMark",
     "Trajectory",
     "UserFeedback",
@@ -111,11 +112,22 @@ Count32 = Annotated[int, Field(ge=0, lt=2**31)]
 Count64 = Annotated[int, Field(ge=0, lt=2**63)]
 
 
+class ToolCall(AvroModel):
+    """One tool call an LLM response asked for: OpenAI's ``tool_calls[i]`` of type function."""
+
+    avro_name: ClassVar[str] = "io.trajstream.ToolCall"
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
 class ChatMessage(AvroModel):
     avro_name: ClassVar[str] = "io.trajstream.ChatMessage"
     role: NonEmpty
     content: str = ""
     name: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
 
 
 class TrainingMark(AvroModel):
@@ -167,6 +179,9 @@ class Completion(AvroModel):
     tool_name: str | None = None
     tool_calls: list[str] = Field(default_factory=list)
     latency_ms: Annotated[float, Field(ge=0)] | None = None
+    tool_call_details: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    upstream: str | None = None
 
 
 class UserFeedback(AvroModel):
@@ -435,6 +450,7 @@ class DriftAlert(AvroModel):
 
 
 MODELS: tuple[type[AvroModel], ...] = (
+    ToolCall,
     ChatMessage,
     TrainingMark,
     AgentCall,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -100,6 +100,59 @@ class CommitSettings(_Section):
     tick_s: PositiveFloat = 1.0
 
 
+class GatewaySettings(_Section):
+    """The OpenAI-compatible gateway (``trajstream gateway``)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    mode: Literal["route", "shadow"] = Field(
+        default="route",
+        description="route: selected calls answered by Trinity; shadow: production answers all, "
+        "selected requests also go to Trinity, whose answer is recorded",
+    )
+    production_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="base URL of the production model, up to /v1 (https://api.openai.com/v1)",
+    )
+    production_api_key: SecretStr | None = Field(
+        default=None, description="sent to production as a bearer token; never logged"
+    )
+    trinity_model: str | None = Field(
+        default=None, description="model name sent to Trinity instead of the agent's"
+    )
+    connect_timeout_s: PositiveFloat = 5.0
+    timeout_s: PositiveFloat = Field(
+        default=120.0, description="an upstream silent this long (no byte): 504"
+    )
+    max_body_bytes: PositiveInt = Field(default=8 * 1024 * 1024, description="larger: 413")
+    max_connections: PositiveInt = Field(default=256, description="per upstream")
+    buffer_records: PositiveInt = Field(
+        default=10_000, description="records kept in memory for Kafka; past that: spill_dir"
+    )
+    spill_dir: Path = Path(".cache/trajstream/gateway-spill")
+    flush_timeout_s: PositiveFloat = Field(
+        default=10.0, description="on stop: how long to try the broker before spilling the rest"
+    )
+    max_open_calls: PositiveInt = Field(
+        default=100_000, description="calls remembered per process for step counts"
+    )
+    count_steps: bool = Field(
+        default=True,
+        description="END carries the steps this process recorded: needs call-sticky replicas",
+    )
+
+    @field_validator("production_url")
+    @classmethod
+    def _no_trailing_slash(cls, v: str | None) -> str | None:
+        return v.rstrip("/") if v else v
+
+    @field_validator("spill_dir")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+
 class Settings(BaseSettings):
     """Every setting of trajstream, with its environment variable in brackets in the README."""
 
@@ -121,6 +174,7 @@ class Settings(BaseSettings):
     reward: RewardSettings = Field(default_factory=RewardSettings)
     windows: WindowSettings = Field(default_factory=WindowSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     config: Path | None = Field(default=None, validation_alias=AliasChoices("TRAJSTREAM_CONFIG"))
 
     @field_validator("cache_dir", "data_dir")
@@ -202,6 +256,7 @@ def _describe(exc: pydantic.ValidationError) -> str:
         dotted = ".".join(loc) or "settings"
         env = "TRAJSTREAM_" + "__".join(p.upper() for p in loc)
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        secret = any("api_key" in part for part in loc)
+        shown = "" if isinstance(value, dict) or secret else f" (got {value!r})"
         lines.append(f"bad setting {dotted} [{env}]: {err['msg']}{shown}")
     return "; ".join(lines)

@@ -1,9 +1,11 @@
 """``trajstream demo``: the whole loop on local parts, with progress and a summary.
 
-It starts what is not configured (the local Kafka broker, the Trinity stand-in), one worker
-process, drives realistic agent traffic through the SDK (several agents and models, multi-step
-calls whose response ids come from the stand-in's chat endpoint, explicitly marked calls, failed
-calls, user ratings), waits until every selected call was fed back and committed, and prints a
+It starts what is not configured (the local Kafka broker), two stand-ins (one as Trinity, one
+as the production model), the gateway in route mode in front of them, and one worker process,
+drives realistic agent traffic through the gateway with the official ``openai`` client (several
+agents and models, multi-step calls with tool calls, explicitly marked calls, failed calls, user
+ratings sent to ``/feedback``; selected calls are answered by Trinity, the others by
+production), waits until every selected call was fed back and committed, and prints a
 summary read back from the topics, checked against what the stand-in received. Everything it
 started is stopped, also on failure or Ctrl-C.
 
@@ -26,15 +28,15 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiokafka import AIOKafkaConsumer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..capture.sdk import TrajstreamProducer
+from ..capture.gateway import build_gateway
 from ..codec import SchemaRegistry
 from ..core.select import build_strategy
-from ..io.trinity import TrinityClient
 from ..models import (
     AvroModel,
     CommitRecord,
@@ -46,7 +48,7 @@ from ..models import (
 from ..settings import Settings
 from ..topics import Topics
 from .standin import StandIn
-from .traffic import AGENTS, SimulatedCall, simulate_call
+from .traffic import AGENTS, SimulatedCall, simulate_gateway_call
 
 __all__ = ["run_demo"]
 
@@ -96,8 +98,38 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
         url = await standin.start("127.0.0.1", 0)
         stack.push_async_callback(standin.stop)
         console.print(f"Trinity stand-in: [bold]{url}[/]")
+        production = StandIn(model="production-model")
+        production_url = await production.start("127.0.0.1", 0)
+        stack.push_async_callback(production.stop)
+        console.print(f"Production model (a second stand-in): [bold]{production_url}[/]")
 
         tmp = Path(tempfile.mkdtemp(prefix="trajstream-demo-"))
+        gateway = build_gateway(
+            settings.model_copy(
+                update={
+                    "kafka": settings.kafka.model_copy(
+                        update={"bootstrap_servers": bootstrap, "topic_prefix": prefix}
+                    ),
+                    "trinity": settings.trinity.model_copy(update={"url": url}),
+                    "selection": settings.selection.model_copy(
+                        update={
+                            "strategy": DEMO_SETTINGS["TRAJSTREAM_SELECTION__STRATEGY"],
+                            "rate": float(DEMO_SETTINGS["TRAJSTREAM_SELECTION__RATE"]),
+                        }
+                    ),
+                    "gateway": settings.gateway.model_copy(
+                        update={
+                            "mode": "route",
+                            "production_url": f"{production_url}/v1",
+                            "spill_dir": tmp / "spill",
+                        }
+                    ),
+                }
+            )
+        )
+        gateway_url = await gateway.start("127.0.0.1", 0)
+        stack.push_async_callback(gateway.stop)
+        console.print(f"Gateway: [bold]{gateway_url}[/] (route mode; agents use the openai client)")
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
         env.update(DEMO_SETTINGS)
         env.update(
@@ -125,7 +157,9 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
             DEMO_SETTINGS["TRAJSTREAM_SELECTION__STRATEGY"],
             rate=float(DEMO_SETTINGS["TRAJSTREAM_SELECTION__RATE"]),
         )
-        sims = await _drive(bootstrap, prefix, standin, calls, agents)
+        sims = await _drive(gateway_url, calls, agents)
+        if not await gateway.publisher.flush(60):
+            console.print("[red]the gateway could not publish everything to Kafka[/]")
         expected = [s for s in sims if _selected(strategy, s)]
         wanted = {m for s in expected for m in s.msg_ids}
         ok = await _wait_committed(standin, wanted, worker, log_path)
@@ -156,9 +190,7 @@ def _selected(strategy: Any, sim: SimulatedCall) -> bool:
     return bool(strategy.decide(CallView(sim.call_id, None, end, sim.model)).selected)
 
 
-async def _drive(
-    bootstrap: str, prefix: str, standin: StandIn, calls: int, agents: int
-) -> list[SimulatedCall]:
+async def _drive(gateway_url: str, calls: int, agents: int) -> list[SimulatedCall]:
     rng = random.Random(42)
     names = list(AGENTS)[:agents]
     sims: list[SimulatedCall] = []
@@ -168,17 +200,14 @@ async def _drive(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    async with (
-        TrajstreamProducer(bootstrap, topic_prefix=prefix) as producer,
-        TrinityClient(standin.url) as trinity,
-    ):
+    async with httpx.AsyncClient(timeout=30) as http:
         with Progress(*columns, console=console) as progress:
-            task = progress.add_task("agent calls", total=calls)
+            task = progress.add_task("agent calls (openai client -> gateway)", total=calls)
             for i in range(calls):
                 sims.append(
-                    await simulate_call(
-                        producer,
-                        trinity,
+                    await simulate_gateway_call(
+                        gateway_url,
+                        http,
                         rng,
                         agent=names[i % len(names)],
                         mark=rng.random() < 0.15,
@@ -269,7 +298,11 @@ def _summary(
     ok: bool,
 ) -> int:
     state = standin.state
-    events = sum(2 + 2 * len(s.msg_ids) - 1 for s in sims) + sum(s.rating is not None for s in sims)
+    events = sum(
+        s.events if s.events is not None else 2 + 2 * len(s.msg_ids) - 1 + (s.rating is not None)
+        for s in sims
+    )
+    by_trinity = sum(s.upstream == "trinity" for s in sims)
     trajectories = [t for t in topics["trajectories"] if isinstance(t, Trajectory)]
     rewarded = [r for r in topics["rewarded"] if isinstance(r, RewardedTrajectory)]
     windows = [w for w in topics["windows"] if isinstance(w, WindowSummary)]
@@ -287,6 +320,12 @@ def _summary(
         str(len(sims)),
         f"{sum(s.status.value == 'ERROR' for s in sims)} failed, "
         f"{sum(s.marked for s in sims)} marked, {sum(s.rating is not None for s in sims)} rated",
+    )
+    table.add_row(
+        "answered by",
+        str(len(sims)),
+        f"Trinity {by_trinity} calls, production {len(sims) - by_trinity} calls (the gateway's "
+        "route, decided at each call's first request)",
     )
     table.add_row("events in", str(events), "call start/end, LLM and tool steps, user ratings")
     table.add_row(
@@ -332,6 +371,10 @@ def _summary(
         "one feedback per trajectory at the stand-in": len(acked) == len(expected),
         "every msg_id of the selected calls trained": set(state.trained)
         == {m for s in expected for m in s.msg_ids},
+        "the gateway sent exactly the selected calls to Trinity": {
+            s.call_id for s in sims if s.upstream == "trinity"
+        }
+        == {s.call_id for s in expected},
         "commits recorded = commits received": len(commits)
         == sum(1 for c in state.commits if c.status == 200),
         "feedback in commits = feedback acknowledged": sum(c.feedback_count for c in commits)

@@ -8,8 +8,14 @@ Trinity-RFT's serve mode the way Trinity does, without a model or a trainer:
   from the last user message, fake ``prompt_token_ids``/``token_ids``/``logprobs`` (Trinity forces
   those on) and ``usage``; it stores one experience row per completion, keyed by the id.
   ``"stream": true`` answers server-sent events (a role chunk, a content chunk, a finish chunk,
-  ``data: [DONE]``) with one id and stores the row likewise. A body without a ``messages`` list
-  answers 400 ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+  ``data: [DONE]``) with one id and stores the row likewise (a final usage chunk when
+  ``stream_options.include_usage``). When the request offers ``tools`` and its last message is
+  not a ``tool`` result, the answer is a call of the first tool (``finish_reason
+  "tool_calls"``, arguments ``{"query": <last user text>}``; streamed as OpenAI does, id and
+  name first, then the arguments in pieces), so a simulated agent loop calls one tool and then
+  answers. It serves as a production model as well (``StandIn(model="production")``). A body
+  without a ``messages`` list answers 400
+  ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
 - ``GET /v1/models``, ``GET /health`` (empty 200) and ``GET /metrics`` (Trinity's five keys; as
   in Trinity, ``rollout/ready_experience_count`` counts every experience ever made ready).
 - ``POST /feedback`` with Trinity's exact 400 bodies; it rewards rows that exist and were not
@@ -446,6 +452,7 @@ class StandIn:
         snippet = " ".join(question.split())[:_REPLY_SNIPPET] or "(no user message)"
         reply = f"stand-in reply to: {snippet}"
         msg_id = f"chatcmpl-{uuid.uuid4().hex}"
+        tool_call = _tool_call_for(body, messages, question, msg_id)
         self._state.experiences[msg_id] = Experience(
             msg_id=msg_id,
             model=str(model),
@@ -454,8 +461,16 @@ class StandIn:
             served_at=time.monotonic(),
         )
         if body.get("stream"):
-            return await self._stream(request, msg_id, str(model), prompt, reply)
+            include_usage = isinstance(body.get("stream_options"), dict) and bool(
+                body["stream_options"].get("include_usage")
+            )
+            return await self._stream(
+                request, msg_id, str(model), prompt, reply, tool_call, include_usage
+            )
         prompt_ids, reply_ids = _token_ids(prompt), _token_ids(reply)
+        message: dict[str, Any] = {"role": "assistant", "content": reply, "tool_calls": []}
+        if tool_call is not None:
+            message = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
         return web.json_response(
             {
                 "id": msg_id,
@@ -466,9 +481,9 @@ class StandIn:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": reply, "tool_calls": []},
+                        "message": message,
                         "logprobs": {"content": _logprobs(reply)},
-                        "finish_reason": "stop",
+                        "finish_reason": "stop" if tool_call is None else "tool_calls",
                         "token_ids": reply_ids,
                     }
                 ],
@@ -481,7 +496,14 @@ class StandIn:
         )
 
     async def _stream(
-        self, request: web.Request, msg_id: str, model: str, prompt: str, reply: str
+        self,
+        request: web.Request,
+        msg_id: str,
+        model: str,
+        prompt: str,
+        reply: str,
+        tool_call: dict[str, Any] | None = None,
+        include_usage: bool = False,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -504,17 +526,50 @@ class StandIn:
                 prompt_token_ids=_token_ids(prompt),
             )
         )
-        await response.write(
-            event(
-                {
-                    "delta": {"content": reply},
-                    "logprobs": {"content": _logprobs(reply)},
-                    "finish_reason": None,
-                    "token_ids": _token_ids(reply),
-                }
+        if tool_call is None:
+            await response.write(
+                event(
+                    {
+                        "delta": {"content": reply},
+                        "logprobs": {"content": _logprobs(reply)},
+                        "finish_reason": None,
+                        "token_ids": _token_ids(reply),
+                    }
+                )
             )
-        )
-        await response.write(event({"delta": {}, "finish_reason": "stop"}))
+        else:  # as OpenAI streams a tool call: id and name first, then the arguments in pieces
+            fn = tool_call["function"]
+            head = {"index": 0, "id": tool_call["id"], "type": "function"}
+            await response.write(
+                event(
+                    {
+                        "delta": {"tool_calls": [{**head, "function": {"name": fn["name"]}}]},
+                        "finish_reason": None,
+                    }
+                )
+            )
+            args = fn["arguments"]
+            for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                await response.write(event({"delta": delta, "finish_reason": None}))
+        finish = "stop" if tool_call is None else "tool_calls"
+        await response.write(event({"delta": {}, "finish_reason": finish}))
+        if include_usage:
+            prompt_n, reply_n = len(_token_ids(prompt)), len(_token_ids(reply))
+            usage = {
+                "prompt_tokens": prompt_n,
+                "completion_tokens": reply_n,
+                "total_tokens": prompt_n + reply_n,
+            }
+            data = {
+                "id": msg_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+            await response.write(f"data: {json.dumps(data)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -730,6 +785,28 @@ def _text_of(content: Any) -> str:
             p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
         )
     return ""
+
+
+def _tool_call_for(
+    body: dict[str, Any], messages: list[Any], question: str, msg_id: str
+) -> dict[str, Any] | None:
+    """A tool call to the request's first tool when tools are offered and the last message is
+    not a tool result (so an agent loop ends: call a tool, get its result, answer)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    last = messages[-1] if isinstance(messages[-1], dict) else {}
+    if last.get("role") == "tool" or body.get("tool_choice") == "none":
+        return None
+    fn = tools[0].get("function") if isinstance(tools[0].get("function"), dict) else {}
+    return {
+        "id": f"call_{msg_id[-12:]}",
+        "type": "function",
+        "function": {
+            "name": str(fn.get("name") or "tool"),
+            "arguments": json.dumps({"query": question}),
+        },
+    }
 
 
 def _last_user_text(messages: list[Any]) -> str:

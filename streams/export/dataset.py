@@ -18,9 +18,12 @@ in the target directory and renamed into place only when all of them are complet
 (:func:`write_export`), so a failure leaves nothing half-written; ``manifest.json`` is renamed
 last and lists, per file, its row count, checksum and a trace of every row back to its call.
 
-The pipeline records tool calls by name only (``Completion.tool_calls``), without arguments or
-ids: an SFT row gives each one a synthetic id (``call_<seq>_<n>``) and ``"{}"`` as arguments
-unless the recorded entry is itself a JSON object with ``name`` and ``arguments``.
+Tool calls: a step recorded with structured tool calls (``Completion.tool_call_details``, as the
+gateway records them) is written with their real ids, names and JSON arguments, and a tool step
+answers the call its ``tool_call_id`` names. Older records have names only
+(``Completion.tool_calls``): an SFT row then gives each one a synthetic id (``call_<seq>_<n>``)
+and ``"{}"`` as arguments unless the recorded entry is itself a JSON object with ``name`` and
+``arguments``.
 
 May import: pydantic, the top-level modules.
 """
@@ -242,7 +245,18 @@ def sft_messages(trajectory: Trajectory) -> list[Row]:
     for step in trajectory.steps:
         if step.kind is StepKind.LLM:
             text = _assistant_text(step)
-            calls = [_tool_call(step, n, name) for n, name in enumerate(step.tool_calls) if name]
+            calls = (
+                [
+                    {
+                        "id": c.id or f"call_{step.seq}_{n}",
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for n, c in enumerate(step.tool_call_details)
+                ]
+                if step.tool_call_details
+                else [_tool_call(step, n, name) for n, name in enumerate(step.tool_calls) if name]
+            )
             if not text and not calls:
                 continue
             msg: Row = {"role": "assistant", "content": text or None}
@@ -252,7 +266,9 @@ def sft_messages(trajectory: Trajectory) -> list[Row]:
             messages.append(msg)
             continue
         name = step.tool_name or "tool"
-        call_id = next((cid for n, cid in open_calls if n == name), None)
+        call_id = next((cid for _, cid in open_calls if cid == step.tool_call_id), None)
+        if call_id is None:
+            call_id = next((cid for n, cid in open_calls if n == name), None)
         if call_id is None and open_calls and not step.tool_name:
             call_id = open_calls[0][1]
         if call_id is None:  # a tool step no recorded LLM step asked for

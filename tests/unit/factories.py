@@ -32,6 +32,7 @@ from streams.models import (
     SelectionDecision,
     StepKind,
     Tick,
+    ToolCall,
     TrainingMark,
     Trajectory,
     UserFeedback,
@@ -176,7 +177,10 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
         closed_reason="ended",
     )
     return {
-        ChatMessage: ChatMessage(role="tool", content="42 results", name="search"),
+        ToolCall: ToolCall(id="call_1", name="search", arguments='{"q": "paris"}'),
+        ChatMessage: ChatMessage(
+            role="tool", content="42 results", name="search", tool_call_id="call_1"
+        ),
         TrainingMark: the_mark,
         AgentCall: end(
             mark=the_mark,
@@ -186,7 +190,15 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             agent_id="agent-7",
             conversation_id="conv-1",
         ),
-        Completion: step(seq=5, tool_calls=["search", "fetch"]),
+        Completion: step(
+            seq=5,
+            tool_calls=["search", "fetch"],
+            tool_call_details=[
+                ToolCall(id="call_1", name="search", arguments='{"q": "paris"}'),
+                ToolCall(id="call_2", name="fetch", arguments="{}"),
+            ],
+            upstream="trinity",
+        ),
         UserFeedback: feedback(
             response_id="chatcmpl-call-1-0",
             kind=FeedbackKind.CORRECTION,

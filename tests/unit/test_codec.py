@@ -10,11 +10,11 @@ from typing import Any
 
 import fastavro
 import pytest
-from fastavro.schema import load_schema, parse_schema, to_parsing_canonical_form
+from fastavro.schema import parse_schema, to_parsing_canonical_form
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.codec import MAGIC, SchemaRegistry, schema_dir, schema_fingerprint
+from streams.codec import MAGIC, SchemaRegistry, named_types, schema_dir, schema_fingerprint
 from streams.errors import DecodeError, ValidationError
 from streams.models import (
     MODELS,
@@ -62,12 +62,7 @@ def crc64_avro(data: bytes) -> int:
 
 def full_schema(raw: dict[str, Any]) -> Any:
     """``raw`` parsed the way another producer would hold it: every named type inlined."""
-    named: dict[str, Any] = {}
-    own = f"{raw['namespace']}.{raw['name']}"
-    for path in sorted(schema_dir().glob("*.avsc")):
-        if path.stem != own:
-            load_schema(str(path), named_schemas=named, _write_hint=False)
-    named.pop(own, None)
+    named = named_types(schema_dir(), exclude=f"{raw['namespace']}.{raw['name']}")
     return parse_schema(raw, named_schemas=named, expand=True)
 
 

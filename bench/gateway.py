@@ -1,0 +1,292 @@
+"""trajstream gateway benchmark: the gateway against calling its upstream directly, in one run.
+
+    python bench/gateway.py                    # 20 s per rate phase, a 10-minute RSS soak
+    python bench/gateway.py --quick            # a few seconds each (a smoke run)
+    python bench/gateway.py --bootstrap host:9092 --soak 120
+
+It starts a Trinity stand-in process (serving as both upstreams: Trinity and production), a
+`trajstream gateway` process in route mode (sampling:0.5, so half the calls go to each upstream
+path) publishing to Kafka (its own local broker, or KAFKA_BOOTSTRAP_SERVERS / --bootstrap), and
+drives both from this process with aiohttp. It reports, as a table and as JSON
+(bench/results/gateway-latest.json):
+
+1. max rate    closed loop, --concurrency requests in flight: requests/s through the gateway,
+               and straight to the stand-in (the upstream's own ceiling, for context)
+2. latency     open loop at half the gateway's measured max rate: p50/p99 through the gateway
+               and direct at the same rate; "added" is the difference of the two
+3. rss         the gateway process's RSS sampled every second over a --soak run at that rate,
+               each call ended with /end as agents do: first, max, last, and last minus the
+               value after the first tenth of the run
+
+Each request is one step of a call named in the path (/calls/<id>/v1/chat/completions), a
+~1 KB chat body; every answer is recorded (START and one step per call on the agent-events
+topic). Figures are from this machine in this run; targets: p99 added <= 5 ms, >= 1,000 req/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from streams.broker import LocalBroker, free_port  # noqa: E402
+
+BODY = {
+    "model": "bench-model",
+    "messages": [
+        {"role": "system", "content": "You are a support agent for an online shop. " * 8},
+        {"role": "user", "content": "Where is my order 12345? It was due yesterday. " * 6},
+    ],
+    "temperature": 0.2,
+}
+
+
+def spawn(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(command, **kwargs)  # started once, before anything is measured
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(url) as r:
+                    if r.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer in {timeout}s")
+
+
+async def one(http: aiohttp.ClientSession, url: str, data: bytes, end: str | None = None) -> float:
+    """One chat request of a fresh call (timed); with ``end``, then that call's /end (untimed)."""
+    cid = uuid.uuid4().hex
+    began = time.perf_counter()
+    async with http.post(
+        url.format(cid), data=data, headers={"Content-Type": "application/json"}
+    ) as r:
+        await r.read()
+        if r.status != 200:
+            raise RuntimeError(f"status {r.status}")
+    took = (time.perf_counter() - began) * 1000
+    if end is not None:
+        async with http.post(end.format(cid)) as r:
+            await r.read()
+    return took
+
+
+async def max_rate(url: str, seconds: float, concurrency: int) -> float:
+    data = json.dumps(BODY).encode()
+    done = 0
+    deadline = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
+
+        async def loop() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                await one(http, url, data)
+                done += 1
+
+        began = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        return done / (time.perf_counter() - began)
+
+
+async def at_rate(
+    url: str, rate: float, seconds: float, on_tick: Any = None, end: str | None = None
+) -> list[float]:
+    """Open loop: one request every 1/rate s, each timed from its send."""
+    data = json.dumps(BODY).encode()
+    latencies: list[float] = []
+    tasks: set[asyncio.Task[None]] = set()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as http:
+
+        async def send() -> None:
+            latencies.append(await one(http, url, data, end))
+
+        t0 = time.perf_counter()
+        n = int(rate * seconds)
+        next_tick = t0
+        for i in range(n):
+            target = t0 + i / rate
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(send())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if on_tick is not None and time.perf_counter() >= next_tick:
+                on_tick()
+                next_tick += 1.0
+        await asyncio.gather(*tasks)
+    return latencies
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="trajstream-gw-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    broker = None
+    bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    try:
+        if not bootstrap:
+            broker = LocalBroker(REPO / ".cache" / "trajstream")
+            bootstrap = broker.start(120)
+        standin_port, gateway_port = free_port(), free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
+        procs.append(
+            spawn(
+                [sys.executable, "-m", "streams.cli", "standin", "--port", str(standin_port)],
+                cwd=REPO,
+                env=env,
+                stdout=(tmp / "standin.log").open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+        upstream = f"http://127.0.0.1:{standin_port}"
+        env.update(
+            TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
+            TRAJSTREAM_KAFKA__TOPIC_PREFIX=f"gwbench{uuid.uuid4().hex[:6]}",
+            TRAJSTREAM_TRINITY__URL=upstream,
+            TRAJSTREAM_SELECTION__STRATEGY="sampling:0.5",
+            TRAJSTREAM_GATEWAY__SPILL_DIR=str(tmp / "spill"),
+        )
+        gw = spawn(
+            [
+                sys.executable,
+                "-m",
+                "streams.cli",
+                "gateway",
+                "--port",
+                str(gateway_port),
+                "--production-url",
+                f"{upstream}/v1",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=(tmp / "gateway.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        procs.append(gw)
+        gateway = f"http://127.0.0.1:{gateway_port}"
+        await wait_http(f"{upstream}/health")
+        await wait_http(f"{gateway}/healthz")
+        direct_url = f"{upstream}/v1/chat/completions?call={{}}"
+        gateway_url = f"{gateway}/calls/{{}}/v1/chat/completions"
+
+        await max_rate(gateway_url, min(2.0, args.seconds), args.concurrency)  # warm up
+        gw_max = await max_rate(gateway_url, args.seconds, args.concurrency)
+        direct_max = await max_rate(direct_url, args.seconds, args.concurrency)
+        rate = max(1.0, gw_max / 2)
+        direct = await at_rate(direct_url, rate, args.seconds)
+        through = await at_rate(gateway_url, rate, args.seconds)
+
+        samples: list[tuple[float, int]] = []
+        began = time.monotonic()
+        await at_rate(
+            gateway_url,
+            rate,
+            args.soak,
+            end=f"{gateway}/calls/{{}}/end",
+            on_tick=lambda: samples.append((time.monotonic() - began, rss_kib(gw.pid))),
+        )
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway}/healthz") as r:
+            health = await r.json()
+        tenth = next((kib for t, kib in samples if t >= args.soak / 10), samples[0][1])
+        result = {
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+            "seconds": args.seconds,
+            "concurrency": args.concurrency,
+            "max_rate": {"gateway_rps": round(gw_max, 1), "direct_rps": round(direct_max, 1)},
+            "latency_ms": {
+                "rate_rps": round(rate, 1),
+                "direct": {"p50": pct(direct, 50), "p99": pct(direct, 99), "n": len(direct)},
+                "gateway": {"p50": pct(through, 50), "p99": pct(through, 99), "n": len(through)},
+                "added_p50": pct(through, 50) - pct(direct, 50),
+                "added_p99": pct(through, 99) - pct(direct, 99),
+            },
+            "rss_kib": {
+                "soak_s": args.soak,
+                "first": samples[0][1] if samples else None,
+                "after_first_tenth": tenth,
+                "max": max(k for _, k in samples) if samples else None,
+                "last": samples[-1][1] if samples else None,
+                "drift_after_first_tenth": samples[-1][1] - tenth if samples else None,
+            },
+            "gateway_health": health,
+        }
+        return result
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if broker is not None:
+            broker.stop()
+
+
+def report(result: dict[str, Any]) -> None:
+    lat, mx, rss = result["latency_ms"], result["max_rate"], result["rss_kib"]
+    print(
+        f"max rate      gateway {mx['gateway_rps']:8.1f} req/s   "
+        f"direct {mx['direct_rps']:8.1f} req/s"
+        f"   (concurrency {result['concurrency']})"
+    )
+    print(
+        f"latency @ {lat['rate_rps']:.0f} req/s   direct p50 {lat['direct']['p50']:.2f} ms "
+        f"p99 {lat['direct']['p99']:.2f} ms | gateway p50 {lat['gateway']['p50']:.2f} ms "
+        f"p99 {lat['gateway']['p99']:.2f} ms | added p50 {lat['added_p50']:.2f} ms "
+        f"p99 {lat['added_p99']:.2f} ms"
+    )
+    print(
+        f"gateway RSS over {rss['soak_s']:g} s: first {rss['first']} KiB, after 1/10 "
+        f"{rss['after_first_tenth']} KiB, max {rss['max']} KiB, last {rss['last']} KiB "
+        f"(drift {rss['drift_after_first_tenth']} KiB)"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 s phases, 5 s soak")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each rate phase")
+    parser.add_argument("--soak", type=float, default=600.0, help="length of the RSS soak")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args()
+    if args.quick:  # explicit --seconds / --soak still win
+        args.seconds = args.seconds if "--seconds" in sys.argv else 3.0
+        args.soak = args.soak if "--soak" in sys.argv else 5.0
+    result = asyncio.run(main(args))
+    report(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gateway-latest.json").write_text(json.dumps(result, indent=2))

@@ -1,0 +1,882 @@
+"""The OpenAI-compatible gateway: routes selected calls to Trinity and records every step.
+
+An agent goes behind it by changing its client's base URL to ``http://<gateway>/calls/<call_id>/v1``
+(or ``http://<gateway>/v1`` for calls of one step). Routes:
+
+=====================================  ====  ===================================================
+``/v1/chat/completions``               POST  a call of one step (the gateway names it)
+``/calls/{call_id}/v1/chat/completions`` POST  one step of the call ``call_id``
+``/v1/models``, ``/calls/{id}/v1/models`` GET   the model list of the upstream that would answer
+``/calls/{call_id}/end``               POST  ``{"status", "output", "error_type"}``: END
+``/calls/{call_id}/feedback``          POST  rating, thumbs, correction or preference
+``/healthz``                           GET   the gateway's and the publisher's state
+=====================================  ====  ===================================================
+
+Request headers (all optional): ``X-Trajstream-Agent-Name``, ``-Agent-Id``, ``-Agent-Version``,
+``-Conversation-Id``, and ``X-Trajstream-Mark``: a JSON training mark (``{"labels": [...],
+"task_id": "...", "run_id": 0, "metadata": {...}, "marked_at": "<ISO 8601>"}``, all optional).
+Response headers: ``X-Trajstream-Call-Id``, ``X-Trajstream-Upstream`` (trinity or production),
+``X-Trajstream-Selected`` and ``X-Trajstream-Seq`` (the step's seq).
+
+Steps and their ``seq``: an LLM step's seq is the position of its answer in the conversation
+(``len(messages)`` of its request); the ``tool`` messages that follow the last assistant message
+of a request are TOOL steps at their own positions. So seq is the same on every replica, a
+retried request keeps its seq (the workers keep the first), and seqs of one call never collide
+while its requests extend one conversation. START is published the first time a process sees a
+call (the workers keep the first START); END from ``/end`` carries the number of steps this
+process recorded for the call (``gateway.count_steps``), so replicas must be sticky per call
+(hash on the ``/calls/{call_id}`` path) or run with ``count_steps = false``.
+
+The wiring: parse and validate (a bad request is an OpenAI-shaped 4xx and recorded nowhere),
+decide the route (:mod:`.routing`), forward, answer the agent, then queue the records on the
+:class:`~.publisher.Publisher`, which never makes the agent wait for Kafka.
+
+This module imports aiohttp, the models, settings, selection, and its siblings in ``capture``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import signal
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pydantic
+from aiohttp import web
+from aiokafka import AIOKafkaProducer
+
+from ..core.select import Strategy, build_strategy
+from ..models import (
+    AgentCall,
+    CallPhase,
+    CallStatus,
+    Completion,
+    FeedbackKind,
+    TrainingMark,
+    UserFeedback,
+    utcnow,
+)
+from ..settings import GatewaySettings, Settings
+from ..topics import Topics, create_topics
+from .chat import StreamAssembler, llm_step, steps_of_request, to_chat_message
+from .publisher import Publisher
+from .routing import Route, check_routable, decide_route
+
+__all__ = [
+    "BadRequest",
+    "Gateway",
+    "GatewayConfig",
+    "build_gateway",
+    "openai_error",
+    "parse_messages",
+    "run_gateway",
+]
+
+log = logging.getLogger(__name__)
+
+HEADER_AGENT_NAME = "X-Trajstream-Agent-Name"
+HEADER_AGENT_ID = "X-Trajstream-Agent-Id"
+HEADER_AGENT_VERSION = "X-Trajstream-Agent-Version"
+HEADER_CONVERSATION = "X-Trajstream-Conversation-Id"
+HEADER_MARK = "X-Trajstream-Mark"
+_MAX_HEADER = 1024
+_CALL_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
+
+
+class BadRequest(Exception):
+    """A request the gateway refuses (4xx); nothing of it is recorded."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+def openai_error(
+    status: int, message: str, *, type_: str, param: str | None = None, code: str | None = None
+) -> web.Response:
+    """A response in OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return web.json_response(body, status=status)
+
+
+def parse_messages(body: Any) -> list[dict[str, Any]]:
+    """The request's ``messages``, checked; raises BadRequest naming what is wrong."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty array", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
+            raise BadRequest(f"messages[{i}] must be an object with a role", f"messages[{i}]")
+    if "model" in body and not isinstance(body["model"], str):
+        raise BadRequest("model must be a string", "model")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest("stream must be true or false", "stream")
+    return messages
+
+
+# -- per-process memory of calls (step counts; the decision itself needs none) ---------------
+
+
+@dataclass(slots=True)
+class CallState:
+    route: Route  # shared between calls decided alike (see Gateway._route)
+    seqs: set[int] = field(default_factory=set)
+    pending: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class CallTable:
+    """The calls this process has seen, least recently used dropped past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._calls: OrderedDict[str, CallState] = OrderedDict()
+
+    def get(self, call_id: str) -> CallState | None:
+        state = self._calls.get(call_id)
+        if state is not None:
+            self._calls.move_to_end(call_id)
+        return state
+
+    def add(self, call_id: str, state: CallState) -> CallState:
+        self._calls[call_id] = state
+        while len(self._calls) > self.limit:
+            self._calls.popitem(last=False)
+        return state
+
+    def pop(self, call_id: str) -> CallState | None:
+        return self._calls.pop(call_id, None)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What the gateway needs, taken from the settings (see :meth:`from_settings`)."""
+
+    trinity_url: str
+    production_url: str
+    production_api_key: str | None = None
+    mode: str = "route"
+    trinity_model: str | None = None
+    connect_timeout_s: float = 5.0
+    timeout_s: float = 120.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_connections: int = 256
+    max_open_calls: int = 100_000
+    count_steps: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GatewayConfig:
+        from ..errors import ConfigError
+
+        g: GatewaySettings = settings.gateway
+        if not g.production_url:
+            raise ConfigError(
+                "gateway.production_url [TRAJSTREAM_GATEWAY__PRODUCTION_URL] is not set: the "
+                "base URL of the production model, e.g. https://api.openai.com/v1"
+            )
+        key = g.production_api_key.get_secret_value() if g.production_api_key else None
+        return cls(
+            trinity_url=settings.trinity.url.rstrip("/"),
+            production_url=g.production_url,
+            production_api_key=key,
+            mode=g.mode,
+            trinity_model=g.trinity_model,
+            connect_timeout_s=g.connect_timeout_s,
+            timeout_s=g.timeout_s,
+            max_body_bytes=g.max_body_bytes,
+            max_connections=g.max_connections,
+            max_open_calls=g.max_open_calls,
+            count_steps=g.count_steps,
+        )
+
+    def __repr__(self) -> str:  # never show the key
+        return (
+            f"GatewayConfig(mode={self.mode!r}, trinity={self.trinity_url!r}, "
+            f"production={self.production_url!r})"
+        )
+
+
+class UpstreamFailed(Exception):
+    def __init__(self, status: int, message: str, type_: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type_ = type_
+
+
+@dataclass
+class GatewayStats:
+    requests: int = 0
+    rejected: int = 0
+    upstream_errors: int = 0
+    answered: dict[str, int] = field(default_factory=lambda: {"trinity": 0, "production": 0})
+    shadow_failures: int = 0
+
+
+class Gateway:
+    """The aiohttp application; :meth:`start` listens, :meth:`stop` drains and stops."""
+
+    def __init__(self, config: GatewayConfig, strategy: Strategy, publisher: Publisher) -> None:
+        check_routable(strategy)
+        if config.mode not in ("route", "shadow"):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"gateway.mode must be route or shadow, got {config.mode!r}")
+        self.config = config
+        self.strategy = strategy
+        self.publisher = publisher
+        self.calls = CallTable(config.max_open_calls)
+        self.stats = GatewayStats()
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._routes: dict[tuple[bool, str, str], Route] = {}
+        self.url = ""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes, middlewares=[self._errors]
+        )
+        r = app.router
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/calls/{call_id}/v1/chat/completions", self._chat)
+        r.add_get("/v1/models", self._models)
+        r.add_get("/calls/{call_id}/v1/models", self._models)
+        r.add_post("/calls/{call_id}/end", self._end)
+        r.add_post("/calls/{call_id}/feedback", self._feedback)
+        r.add_get("/healthz", self._health)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        # no total limit (a long stream is fine); an upstream silent for timeout_s is a 504
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=self.config.connect_timeout_s,
+            sock_read=self.config.timeout_s,
+        )
+        self._session = aiohttp.ClientSession(
+            timeout=timeout,
+            connector=aiohttp.TCPConnector(limit_per_host=self.config.max_connections),
+            auto_decompress=False,
+        )
+        await self.publisher.start()
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
+        self.url = f"http://{bound[0]}:{bound[1]}"
+        log.info("gateway listening on %s (%r)", self.url, self.config)
+        return self.url
+
+    async def stop(self, flush_timeout: float = 10.0) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._background:
+            await asyncio.wait(self._background, timeout=self.config.timeout_s)
+        if self._session is not None:
+            await self._session.close()
+        await self.publisher.stop(flush_timeout)
+
+    # -- middleware: every error in OpenAI's shape ---------------------------------------------
+
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            self.stats.rejected += 1
+            return openai_error(
+                exc.status, str(exc), type_="invalid_request_error", param=exc.param
+            )
+        except web.HTTPRequestEntityTooLarge:
+            self.stats.rejected += 1
+            return openai_error(
+                413,
+                f"request body larger than {self.config.max_body_bytes} bytes",
+                type_="invalid_request_error",
+                code="request_too_large",
+            )
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return openai_error(exc.status, exc.reason, type_="invalid_request_error")
+
+    # -- parsing --------------------------------------------------------------------------------
+
+    async def _json_body(self, request: web.Request, *, required: bool = True) -> Any:
+        raw = await request.read()
+        if not raw and not required:
+            return {}
+        return self._parse_json(raw)
+
+    @staticmethod
+    def _parse_json(raw: bytes) -> Any:
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+
+    @staticmethod
+    def _call_id(request: web.Request) -> str | None:
+        call_id = request.match_info.get("call_id")
+        if call_id is not None and not _CALL_ID.match(call_id):
+            raise BadRequest(
+                "the call id in the path must be 1 to 200 characters of A-Z a-z 0-9 . _ : @ -",
+                "call_id",
+            )
+        return call_id
+
+    @staticmethod
+    def _start_event(
+        request: web.Request, call_id: str, messages: list[dict[str, Any]]
+    ) -> AgentCall:
+        fields: dict[str, Any] = {}
+        for header, name in (
+            (HEADER_AGENT_NAME, "agent_name"),
+            (HEADER_AGENT_ID, "agent_id"),
+            (HEADER_AGENT_VERSION, "agent_version"),
+            (HEADER_CONVERSATION, "conversation_id"),
+        ):
+            value = request.headers.get(header)
+            if value is None:
+                continue
+            if not value or len(value) > _MAX_HEADER or not value.isprintable():
+                raise BadRequest(
+                    f"header {header} must be 1 to {_MAX_HEADER} printable characters", header
+                )
+            fields[name] = value
+        raw_mark = request.headers.get(HEADER_MARK)
+        now = utcnow()
+        if raw_mark is not None:
+            try:
+                data = json.loads(raw_mark)
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
+                fields["mark"] = TrainingMark.model_validate({"marked_at": now, **data})
+            except (ValueError, pydantic.ValidationError) as exc:
+                detail = (
+                    "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                    if isinstance(exc, pydantic.ValidationError)
+                    else str(exc)
+                )
+                raise BadRequest(
+                    f"header {HEADER_MARK} must be a JSON training mark "
+                    '({"labels": [...], "task_id": "...", "run_id": 0, "metadata": {...}, '
+                    f'"marked_at": "..."}}): {detail}',
+                    HEADER_MARK,
+                ) from None
+        return AgentCall(
+            event_id=f"{call_id}/start",
+            call_id=call_id,
+            phase=CallPhase.START,
+            event_time=now,
+            input_messages=[to_chat_message(m) for m in messages],
+            **fields,
+        )
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.stats.requests += 1
+        path_call = self._call_id(request)
+        raw = await request.read()
+        body = self._parse_json(raw)
+        messages = parse_messages(body)
+        call_id = path_call or f"gw-{uuid.uuid4().hex}"
+        start = self._start_event(request, call_id, messages)  # validates the headers too
+        state = self.calls.get(call_id) if path_call else None
+        records: list[AgentCall | Completion] = []
+        if state is None:
+            route = self._route(start)
+            state = CallState(route)
+            if path_call:
+                self.calls.add(call_id, state)
+            start.attributes.update(route.attributes())
+            records.append(start)
+        route = state.route
+        if path_call:
+            for step in steps_of_request(call_id, messages, start.event_time):
+                if step.seq not in state.seqs:
+                    state.seqs.add(step.seq)
+                    records.append(step)
+        headers = {
+            "X-Trajstream-Call-Id": call_id,
+            "X-Trajstream-Upstream": route.upstream,
+            "X-Trajstream-Selected": "true" if route.selection.selected else "false",
+            "X-Trajstream-Seq": str(len(messages)),
+        }
+        for record in records:  # START and tool steps first: they happened before the answer
+            self.publisher.publish(record)
+
+        if route.shadow:
+            task = self._spawn(self._shadow(call_id, body, state, one_step=not path_call))
+            state.pending.add(task)
+            task.add_done_callback(state.pending.discard)
+        if body.get("stream"):
+            return await self._forward_stream(
+                raw, request, call_id, body, state, headers, path_call
+            )
+        return await self._forward_json(raw, call_id, body, state, headers, path_call)
+
+    def _route(self, start: AgentCall) -> Route:
+        """The call's decision; one shared object per distinct decision (memory per call)."""
+        route = decide_route(self.strategy, start, self.config.mode)
+        s = route.selection
+        key = (s.selected, s.strategy, s.reason)
+        shared = self._routes.get(key)
+        if shared is None:
+            if len(self._routes) > 1024:  # reasons from a plugin may vary: keep this bounded
+                self._routes.clear()
+            shared = self._routes[key] = route
+        return shared
+
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _upstream(
+        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    ) -> tuple[str, dict[str, str], bytes]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if which == "trinity":
+            url = f"{self.config.trinity_url}/v1/chat/completions"
+            if self.config.trinity_model:
+                body, raw = {**body, "model": self.config.trinity_model}, None
+        else:
+            url = f"{self.config.production_url}/chat/completions"
+            if self.config.production_api_key:
+                headers["Authorization"] = f"Bearer {self.config.production_api_key}"
+        # the agent's bytes as they came, unless something had to change
+        return url, headers, raw if raw is not None else json.dumps(body).encode()
+
+    async def _send(
+        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    ) -> aiohttp.ClientResponse:
+        assert self._session is not None
+        url, headers, data = self._upstream(which, body, raw)
+        try:
+            return await self._session.post(url, data=data, headers=headers)
+        except TimeoutError:
+            raise UpstreamFailed(
+                504, f"the {which} model did not answer in time", "upstream_timeout"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamFailed(
+                502,
+                f"the {which} model could not be reached: {type(exc).__name__}",
+                "upstream_error",
+            ) from None
+
+    def _upstream_error(self, exc: UpstreamFailed, headers: dict[str, str]) -> web.Response:
+        self.stats.upstream_errors += 1
+        response = openai_error(exc.status, str(exc), type_=exc.type_, code=exc.type_)
+        response.headers.update(headers)
+        return response
+
+    def _record(
+        self,
+        call_id: str,
+        body: dict[str, Any],
+        answer: dict[str, Any],
+        state: CallState,
+        *,
+        upstream: str,
+        latency_ms: float,
+        one_step: bool,
+    ) -> None:
+        now = utcnow()
+        step = llm_step(call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now)
+        if step.seq in state.seqs and not one_step:
+            return  # a retried request: the first answer is the step
+        state.seqs.add(step.seq)
+        self.publisher.publish(step)
+        if one_step:
+            output = step.output_messages[0].content if step.output_messages else None
+            self.publisher.publish(
+                AgentCall(
+                    event_id=f"{call_id}/end",
+                    call_id=call_id,
+                    phase=CallPhase.END,
+                    event_time=now,
+                    status=CallStatus.OK,
+                    output=output,
+                    step_count=1,
+                )
+            )
+
+    async def _forward_json(
+        self,
+        raw: bytes,
+        call_id: str,
+        body: dict[str, Any],
+        state: CallState,
+        headers: dict[str, str],
+        path_call: str | None,
+    ) -> web.StreamResponse:
+        route = state.route
+        began = time.perf_counter()
+        try:
+            upstream = await self._send(route.upstream, body, raw)
+            async with upstream:
+                data = await upstream.read()
+        except UpstreamFailed as exc:
+            return self._upstream_error(exc, headers)
+        except TimeoutError:
+            return self._upstream_error(
+                UpstreamFailed(
+                    504, f"the {route.upstream} model did not answer in time", "upstream_timeout"
+                ),
+                headers,
+            )
+        except aiohttp.ClientError as exc:
+            return self._upstream_error(
+                UpstreamFailed(
+                    502,
+                    f"the {route.upstream} model broke off: {type(exc).__name__}",
+                    "upstream_error",
+                ),
+                headers,
+            )
+        latency = (time.perf_counter() - began) * 1000
+        content_type = upstream.headers.get("Content-Type", "application/json")
+        response = web.Response(status=upstream.status, body=data, headers=headers)
+        response.headers["Content-Type"] = content_type
+        if upstream.status == 200:
+            self.stats.answered[route.upstream] += 1
+            if not route.shadow:
+                with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
+                    answer = json.loads(data)
+                    if isinstance(answer, dict):
+                        self._record(
+                            call_id,
+                            body,
+                            answer,
+                            state,
+                            upstream=route.upstream,
+                            latency_ms=latency,
+                            one_step=path_call is None,
+                        )
+        else:
+            self.stats.upstream_errors += 1
+        return response
+
+    async def _forward_stream(
+        self,
+        raw: bytes,
+        request: web.Request,
+        call_id: str,
+        body: dict[str, Any],
+        state: CallState,
+        headers: dict[str, str],
+        path_call: str | None,
+    ) -> web.StreamResponse:
+        route = state.route
+        began = time.perf_counter()
+        try:
+            upstream = await self._send(route.upstream, body, raw)
+        except UpstreamFailed as exc:
+            return self._upstream_error(exc, headers)
+        async with upstream:
+            if upstream.status != 200:
+                self.stats.upstream_errors += 1
+                try:
+                    data = await upstream.read()
+                except (TimeoutError, aiohttp.ClientError):
+                    data = b""
+                response = web.Response(status=upstream.status, body=data, headers=headers)
+                response.headers["Content-Type"] = upstream.headers.get(
+                    "Content-Type", "application/json"
+                )
+                return response
+            response = web.StreamResponse(status=200, headers=headers)
+            response.headers["Content-Type"] = upstream.headers.get(
+                "Content-Type", "text/event-stream"
+            )
+            response.headers["Cache-Control"] = "no-cache"
+            await response.prepare(request)
+            assembler = StreamAssembler()
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                    assembler.feed(chunk)
+            except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
+                # the agent saw a broken stream; nothing is recorded
+                log.warning("stream of call %s broke off: %s", call_id, type(exc).__name__)
+                return response
+            await response.write_eof()
+        latency = (time.perf_counter() - began) * 1000
+        self.stats.answered[route.upstream] += 1
+        if assembler.done and not route.shadow:
+            with contextlib.suppress(pydantic.ValidationError):
+                self._record(
+                    call_id,
+                    body,
+                    assembler.completion(),
+                    state,
+                    upstream=route.upstream,
+                    latency_ms=latency,
+                    one_step=path_call is None,
+                )
+        return response
+
+    async def _shadow(
+        self, call_id: str, body: dict[str, Any], state: CallState, *, one_step: bool
+    ) -> None:
+        """The same request to Trinity (not streamed); its answer is the training step."""
+        shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        began = time.perf_counter()
+        try:
+            upstream = await self._send("trinity", shadow_body)
+            async with upstream:
+                data = await upstream.read()
+                if upstream.status != 200:
+                    raise UpstreamFailed(upstream.status, data[:200].decode(errors="replace"), "")
+            answer = json.loads(data)
+            self._record(
+                call_id,
+                body,
+                answer,
+                state,
+                upstream="trinity-shadow",
+                latency_ms=(time.perf_counter() - began) * 1000,
+                one_step=one_step,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats.shadow_failures += 1
+            log.warning("shadow request of call %s to Trinity failed: %s", call_id, exc)
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        call_id = self._call_id(request)
+        which = "production"
+        if call_id is not None:
+            state = self.calls.get(call_id)
+            route = (
+                state.route
+                if state
+                else decide_route(
+                    self.strategy, self._start_event(request, call_id, []), self.config.mode
+                )
+            )
+            which = route.upstream
+        assert self._session is not None
+        if which == "trinity":
+            url, headers = f"{self.config.trinity_url}/v1/models", {}
+        else:
+            url, headers = f"{self.config.production_url}/models", {}
+            if self.config.production_api_key:
+                headers["Authorization"] = f"Bearer {self.config.production_api_key}"
+        try:
+            async with self._session.get(url, headers=headers) as upstream:
+                data = await upstream.read()
+                response = web.Response(status=upstream.status, body=data)
+                response.headers["Content-Type"] = upstream.headers.get(
+                    "Content-Type", "application/json"
+                )
+                response.headers["X-Trajstream-Upstream"] = which
+                return response
+        except TimeoutError:
+            return self._upstream_error(
+                UpstreamFailed(
+                    504, f"the {which} model did not answer in time", "upstream_timeout"
+                ),
+                {},
+            )
+        except aiohttp.ClientError as exc:
+            return self._upstream_error(
+                UpstreamFailed(
+                    502,
+                    f"the {which} model could not be reached: {type(exc).__name__}",
+                    "upstream_error",
+                ),
+                {},
+            )
+
+    async def _end(self, request: web.Request) -> web.Response:
+        call_id = self._call_id(request)
+        assert call_id is not None
+        body = await self._json_body(request, required=False)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        start = self._start_event(request, call_id, [])
+        status = body.get("status", "OK")
+        if status not in CallStatus.__members__:
+            raise BadRequest("status must be OK, ERROR or CANCELLED", "status")
+        for name in ("output", "error_type"):
+            if body.get(name) is not None and not isinstance(body[name], str):
+                raise BadRequest(f"{name} must be a string", name)
+        unknown = set(body) - {"status", "output", "error_type"}
+        if unknown:
+            raise BadRequest(f"unknown fields: {', '.join(sorted(unknown))}", sorted(unknown)[0])
+        state = self.calls.get(call_id)
+        if state is not None and state.pending:  # shadow steps still on their way
+            await asyncio.wait(state.pending, timeout=self.config.timeout_s)
+        step_count = len(state.seqs) if state is not None and self.config.count_steps else None
+        self.publisher.publish(
+            start.model_copy(
+                update={
+                    "event_id": f"{call_id}/end",
+                    "phase": CallPhase.END,
+                    "input_messages": [],
+                    "status": CallStatus(status),
+                    "output": body.get("output"),
+                    "error_type": body.get("error_type"),
+                    "step_count": step_count,
+                }
+            )
+        )
+        self.calls.pop(call_id)
+        return web.json_response(
+            {"status": "accepted", "call_id": call_id, "step_count": step_count}, status=202
+        )
+
+    async def _feedback(self, request: web.Request) -> web.Response:
+        call_id = self._call_id(request)
+        assert call_id is not None
+        body = await self._json_body(request)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        kind = body.get("kind")
+        if kind is None:
+            for name, inferred in (
+                ("rating", "RATING"),
+                ("thumbs_up", "THUMBS"),
+                ("correction", "CORRECTION"),
+                ("preferred_response_id", "PREFERENCE"),
+            ):
+                if body.get(name) is not None:
+                    kind = inferred
+                    break
+        if kind not in FeedbackKind.__members__:
+            raise BadRequest(
+                "feedback needs rating, thumbs_up, correction or preferred_response_id "
+                "(or kind: RATING, THUMBS, CORRECTION, PREFERENCE)",
+                "kind",
+            )
+        fields = {k: v for k, v in body.items() if k != "kind"}
+        try:
+            record = UserFeedback.model_validate(
+                {
+                    "event_id": fields.pop("event_id", None) or uuid.uuid4().hex,
+                    "call_id": call_id,
+                    "event_time": utcnow(),
+                    "kind": kind,
+                    **fields,
+                }
+            )
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            raise BadRequest(f"{where}: {first['msg']}", where) from None
+        self.publisher.publish(record)
+        return web.json_response(
+            {"status": "accepted", "call_id": call_id, "event_id": record.event_id}, status=202
+        )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "status": "ok",
+                "mode": self.config.mode,
+                "strategy": self.strategy.name,
+                "open_calls": len(self.calls),
+                "requests": self.stats.requests,
+                "rejected": self.stats.rejected,
+                "upstream_errors": self.stats.upstream_errors,
+                "answered": self.stats.answered,
+                "shadow_failures": self.stats.shadow_failures,
+                "publisher": self.publisher.health(),
+            }
+        )
+
+
+# -- building it from the settings -------------------------------------------------------------
+
+
+def build_gateway(
+    settings: Settings, *, producer_factory: Callable[[], AIOKafkaProducer] | None = None
+) -> Gateway:
+    """A gateway from the settings; bad settings fail here, naming the setting."""
+    from datetime import timedelta
+
+    config = GatewayConfig.from_settings(settings)
+    spec = settings.selection.strategy
+    strategy = build_strategy(
+        spec,
+        rate=settings.selection.rate,
+        mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
+    )
+    check_routable(strategy, spec)
+    bootstrap = settings.bootstrap_servers
+    if producer_factory is None:
+        if not bootstrap:
+            from ..errors import ConfigError
+
+            raise ConfigError(
+                "kafka.bootstrap_servers [TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS] is not set"
+            )
+
+        def producer_factory() -> AIOKafkaProducer:
+            return AIOKafkaProducer(
+                bootstrap_servers=bootstrap,
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=5,
+                request_timeout_ms=int(settings.gateway.flush_timeout_s * 1000),
+            )
+
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+
+    async def prepare() -> None:
+        if bootstrap:
+            await create_topics(bootstrap, topics.all(), settings.kafka.replication_factor)
+
+    publisher = Publisher(
+        producer_factory,
+        topics,
+        spill_dir=Path(settings.gateway.spill_dir),
+        max_buffered=settings.gateway.buffer_records,
+        prepare=prepare,
+    )
+    return Gateway(config, strategy, publisher)
+
+
+async def run_gateway(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then publish what is queued and stop."""
+    gateway = build_gateway(settings)
+    url = await gateway.start(settings.gateway.host, settings.gateway.port)
+    if ready is not None:
+        ready(url)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        await gateway.stop(settings.gateway.flush_timeout_s)

@@ -1,0 +1,337 @@
+"""The gateway's publisher: a bounded asynchronous buffer in front of the Kafka producer.
+
+The agent never waits for Kafka. :meth:`Publisher.publish` encodes a record and queues it, and
+returns at once; a background task sends the queue to the broker in order, and keeps a batch at
+the head of the queue until the broker has acknowledged all of it.
+
+Policy past the bound (``gateway.buffer_records``): **spill to disk**. Once the memory queue is
+full, records (already encoded) are appended to spill files in ``gateway.spill_dir``, and every
+later record follows them there until the spill is drained, so the order is kept: memory first,
+then the spill files, oldest first, then memory again. Nothing is dropped while the disk has
+room. Spill files left by a stopped or crashed gateway are published first at the next start. A
+stop that cannot reach the broker within ``gateway.flush_timeout_s`` spills what is left.
+
+Delivery is at-least-once: a batch that failed part-way is sent again, and the workers count a
+repeated ``event_id`` once.
+
+Spill file format: frames of ``<u32 topic length><topic><u32 key length><key><u32 value
+length><value>`` (big-endian), files named ``spill-<n>.bin``, one per spill episode.
+
+This module imports the codec, the models, the topics and aiokafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from ..codec import SchemaRegistry
+from ..models import AgentCall, Completion, UserFeedback
+from ..topics import Topics
+
+__all__ = ["Publisher", "PublisherStats", "SpillFiles"]
+
+log = logging.getLogger(__name__)
+
+Frame = tuple[str, bytes, bytes]
+"""topic, key, value"""
+
+_LEN = struct.Struct(">I")
+_FIRST_SEGMENT = 10_000_000  # room below for what a stop prepends
+
+
+class SpillFiles:
+    """Append-only spill segments on disk, read back oldest first."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._segments = sorted(directory.glob("spill-*.bin"), key=_segment_number)
+        self._writer: Any = None
+        self._read_offset = 0
+        self.records = sum(1 for path in self._segments for _ in _frames(path.read_bytes()))
+
+    def __bool__(self) -> bool:
+        return self.records > 0
+
+    def append(self, frame: Frame) -> None:
+        if self._writer is None:
+            number = _segment_number(self._segments[-1]) + 1 if self._segments else _FIRST_SEGMENT
+            path = self.directory / f"spill-{number:08d}.bin"
+            self._segments.append(path)
+            self._writer = path.open("ab")
+        topic, key, value = frame
+        t = topic.encode()
+        self._writer.write(
+            b"".join((_LEN.pack(len(t)), t, _LEN.pack(len(key)), key, _LEN.pack(len(value)), value))
+        )
+        self._writer.flush()
+        self.records += 1
+
+    def peek(self, limit: int) -> list[tuple[Frame, int]]:
+        """Up to ``limit`` frames from the oldest segment, each with its end offset."""
+        while self._segments:
+            oldest = self._segments[0]
+            if self._writer is not None and oldest == self._segments[-1]:
+                self._writer.flush()
+            chunk = 1 << 20
+            with oldest.open("rb") as fh:
+                while True:
+                    fh.seek(self._read_offset)
+                    data = fh.read(chunk)
+                    out = [
+                        (frame, self._read_offset + end)
+                        for frame, end in itertools.islice(_frames(data), limit)
+                    ]
+                    if out or len(data) < chunk:
+                        break
+                    chunk *= 2  # one frame larger than the chunk
+            if out:
+                return out
+            if self._writer is not None and oldest == self._segments[-1]:
+                return []
+            # nothing readable left in a closed segment (a torn last frame from a crash)
+            self._segments.pop(0)
+            oldest.unlink()
+            self._read_offset = 0
+        return []
+
+    def consume(self, count: int, end_offset: int) -> None:
+        """Forget the first ``count`` frames read by :meth:`peek` (they are on the broker)."""
+        self.records -= count
+        self._read_offset = end_offset
+        oldest = self._segments[0]
+        if self._read_offset >= oldest.stat().st_size:
+            if len(self._segments) == 1 and self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            self._segments.pop(0)
+            oldest.unlink()
+            self._read_offset = 0
+
+    def seal(self) -> None:
+        """Start the next spill in a new segment (called when the spill runs dry)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def close(self) -> None:
+        self.seal()
+
+
+def _segment_number(path: Path) -> int:
+    return int(path.stem.split("-")[1])
+
+
+def _frames(data: bytes, offset: int = 0) -> Any:
+    n = len(data)
+    while offset + 4 <= n:
+        parts = []
+        for _ in range(3):
+            if offset + 4 > n:
+                return  # a torn last frame (a crash mid-write): never acknowledged, skipped
+            (size,) = _LEN.unpack_from(data, offset)
+            offset += 4
+            if offset + size > n:
+                return  # a torn last frame (a crash mid-write): never acknowledged, skipped
+            parts.append(data[offset : offset + size])
+            offset += size
+        yield (parts[0].decode(), parts[1], parts[2]), offset
+
+
+@dataclass
+class PublisherStats:
+    queued: int = 0
+    published: int = 0
+    spilled: int = 0
+    send_failures: int = 0
+    connected: bool = False
+
+    def to_json(self, buffered: int, spill: int) -> dict[str, Any]:
+        return {
+            "queued": self.queued,
+            "published": self.published,
+            "spilled_total": self.spilled,
+            "buffered": buffered,
+            "spill_records": spill,
+            "send_failures": self.send_failures,
+            "kafka_connected": self.connected,
+        }
+
+
+ProducerFactory = Callable[[], AIOKafkaProducer]
+
+
+class Publisher:
+    """Queues records for Kafka and publishes them in order in the background."""
+
+    def __init__(
+        self,
+        producer_factory: ProducerFactory,
+        topics: Topics,
+        *,
+        spill_dir: Path,
+        max_buffered: int = 10_000,
+        batch: int = 500,
+        retry_s: float = 1.0,
+        codec: SchemaRegistry | None = None,
+        prepare: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        self._factory = producer_factory
+        self._prepare = prepare
+        self._prepared = False
+        self.topics = topics
+        self.codec = codec or SchemaRegistry.default()
+        self.max_buffered = max_buffered
+        self.batch = batch
+        self.retry_s = retry_s
+        self.spill = SpillFiles(spill_dir)
+        self._memory: deque[Frame] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._stopping = False
+        self.stats = PublisherStats()
+
+    # -- the agent's side: never waits --------------------------------------------------------
+
+    def publish(self, record: AgentCall | Completion | UserFeedback) -> None:
+        """Queue one record (keyed by its call_id); returns at once."""
+        topic = (
+            self.topics.user_feedback
+            if isinstance(record, UserFeedback)
+            else self.topics.agent_events
+        )
+        frame = (topic, record.call_id.encode(), self.codec.encode(record))
+        self.stats.queued += 1
+        if self.spill or len(self._memory) >= self.max_buffered:
+            self.spill.append(frame)
+            self.stats.spilled += 1
+        else:
+            self._memory.append(frame)
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        """Records queued and not yet acknowledged by the broker."""
+        return len(self._memory) + self.spill.records
+
+    def health(self) -> dict[str, Any]:
+        return self.stats.to_json(len(self._memory), self.spill.records)
+
+    # -- the background side -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="trajstream-publisher")
+        if self.spill:
+            log.info(
+                "publishing %d spilled records from %s", self.spill.records, self.spill.directory
+            )
+            self._wake.set()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until everything queued is on the broker; False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.pending and loop.time() < deadline:
+            self._wake.set()
+            await asyncio.sleep(0.02)
+        return not self.pending
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Publish what is queued (for up to ``timeout`` s), spill the rest, stop."""
+        flushed = await self.flush(timeout)
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if not flushed and self._memory:
+            log.warning("broker unreachable at stop: spilling %d records", len(self._memory))
+            # memory is older than the spill: write it to a segment read before the others
+            frames = list(self._memory)
+            self._memory.clear()
+            self._prepend_to_spill(frames)
+        self.spill.close()
+        await self._close_producer()
+
+    def _prepend_to_spill(self, frames: list[Frame]) -> None:
+        older = SpillFiles(self.spill.directory / "older")
+        for frame in frames:
+            older.append(frame)
+        older.close()
+        # rename the older frames to the segment before the oldest existing one
+        existing = sorted(self.spill.directory.glob("spill-*.bin"), key=_segment_number)
+        first = _segment_number(existing[0]) if existing else _FIRST_SEGMENT
+        for path in sorted(older.directory.glob("spill-*.bin"), key=_segment_number):
+            path.rename(self.spill.directory / f"spill-{first - 1:08d}.bin")
+        older.directory.rmdir()
+
+    async def _close_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        self.stats.connected = False
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+
+    async def _connect(self) -> AIOKafkaProducer:
+        while self._producer is None:
+            producer = self._factory()
+            try:
+                await producer.start()
+                if self._prepare is not None and not self._prepared:
+                    await self._prepare()  # e.g. create the topics
+                    self._prepared = True
+            except Exception as exc:  # unreachable broker: keep answering, try again later
+                log.warning("Kafka not reachable (%s); retrying in %gs", exc, self.retry_s)
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                await asyncio.sleep(self.retry_s)
+                continue
+            self._producer = producer
+            self.stats.connected = True
+        return self._producer
+
+    async def _run(self) -> None:
+        await self._connect()  # early: create the topics, report the broker's state
+        while not self._stopping:
+            if not self.pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            producer = await self._connect()
+            from_spill = not self._memory
+            if from_spill:
+                peeked = self.spill.peek(self.batch)
+                frames = [f for f, _ in peeked]
+            else:
+                frames = [self._memory[i] for i in range(min(self.batch, len(self._memory)))]
+            try:
+                futures = [await producer.send(t, value=v, key=k) for t, k, v in frames]
+                await asyncio.gather(*futures)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats.send_failures += 1
+                log.warning("publishing %d records failed (%s); retrying", len(frames), exc)
+                await asyncio.sleep(self.retry_s)
+                continue
+            self.stats.published += len(frames)
+            if from_spill:
+                self.spill.consume(len(frames), peeked[-1][1])
+                if not self.spill:
+                    self.spill.seal()
+            else:
+                for _ in frames:
+                    self._memory.popleft()

@@ -1,0 +1,47 @@
+"""The gateway's settings: required production URL, secret key never shown, routable strategy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streams.capture.gateway import GatewayConfig, build_gateway
+from streams.errors import ConfigError
+from streams.settings import load_settings
+
+
+def test_the_production_key_is_a_secret_everywhere_it_could_show(monkeypatch) -> None:
+    monkeypatch.setenv("TRAJSTREAM_GATEWAY__PRODUCTION_API_KEY", "sk-live-123")
+    settings = load_settings(gateway={"production_url": "https://api.example.com/v1/"})
+    assert "sk-live-123" not in repr(settings)
+    assert "sk-live-123" not in json.dumps(settings.model_dump(mode="json"))
+    config = GatewayConfig.from_settings(settings)
+    assert config.production_api_key == "sk-live-123"
+    assert config.production_url == "https://api.example.com/v1"
+    assert "sk-live-123" not in repr(config)
+
+
+def test_a_bad_key_value_is_named_but_not_echoed() -> None:
+    with pytest.raises(ConfigError, match=r"gateway\.production_api_key") as caught:
+        load_settings(gateway={"production_api_key": 12345})
+    assert "12345" not in str(caught.value)
+
+
+def test_the_production_url_is_required_and_checked() -> None:
+    with pytest.raises(ConfigError, match=r"gateway\.production_url"):
+        GatewayConfig.from_settings(load_settings())
+    with pytest.raises(ConfigError, match=r"gateway\.production_url"):
+        load_settings(gateway={"production_url": "api.example.com"})
+    with pytest.raises(ConfigError, match=r"gateway\.mode"):
+        load_settings(gateway={"mode": "mirror"})
+
+
+def test_a_strategy_that_cannot_route_stops_the_gateway_at_start(tmp_path) -> None:
+    settings = load_settings(
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
+        selection={"strategy": "per-model(m=sampling,*=marked)"},
+        gateway={"production_url": "http://127.0.0.1:9/v1", "spill_dir": str(tmp_path)},
+    )
+    with pytest.raises(ConfigError, match="cannot route calls"):
+        build_gateway(settings)
