@@ -3,7 +3,8 @@
 :func:`add_otlp_routes` adds the endpoint to an application (the gateway's, or the standalone
 server of ``trajstream otlp``, :func:`run_otlp`). A request is answered as the OTLP/HTTP
 specification says: protobuf (``application/x-protobuf``) or OTLP JSON (``application/json``)
-bodies, optionally gzip-compressed; 200 with an ``ExportTraceServiceResponse`` in the
+bodies, optionally gzip-compressed (decompressed by aiohttp as it reads, or here when the server
+was started without ``auto_decompress``); 200 with an ``ExportTraceServiceResponse`` in the
 request's encoding, whose ``partial_success`` names the spans that were rejected; 400 for a
 body that cannot be decoded; 413 for a body above the limit; 415 for another content type or
 encoding; 503 (with ``Retry-After``) when the records could not be published, so that the
@@ -24,6 +25,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from ..models import AgentCall, Completion
 from ..settings import Settings
@@ -45,6 +48,11 @@ Publish = Callable[[Sequence[AgentCall | Completion]], Awaitable[None]]
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
+
+# aiohttp decompresses these as it reads (gzip, deflate; br and zstd when their libraries are
+# installed) and answers 400 itself for a br or zstd body it cannot decode
+_ENCODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
+_GZIP_MAGIC = b"\x1f\x8b"
 
 # google.rpc.Status codes used in error bodies
 _INVALID_ARGUMENT, _UNAVAILABLE, _RESOURCE_EXHAUSTED = 3, 14, 8
@@ -68,16 +76,21 @@ class OtlpIngest:
                 415, f"unsupported content type {media!r}: send {PROTOBUF} or {JSON}", PROTOBUF
             )
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("identity", "gzip", ""):
+        if encoding not in _ENCODINGS:
             return self._error(
                 415, f"unsupported content encoding {encoding!r}: send gzip or none", media
             )
-        body = await _read(request, self.max_body)
+        try:
+            body = await _read(request, self.max_body)
+        except (ContentEncodingError, RequestPayloadError) as exc:
+            self.stats["requests.undecodable"] += 1
+            return self._error(400, f"body cannot be decompressed ({encoding}): {exc}", media)
         if body is None:
             return self._error(
                 413, f"request body exceeds {self.max_body} bytes", media, _RESOURCE_EXHAUSTED
             )
-        if encoding == "gzip":
+        if encoding == "gzip" and body[:2] == _GZIP_MAGIC:
+            # still compressed: a server started with auto_decompress=False
             try:
                 body = _gunzip(body, self.max_body)
             except _TooLarge:
@@ -89,7 +102,7 @@ class OtlpIngest:
                 )
             except (OSError, EOFError, zlib.error) as exc:
                 self.stats["requests.undecodable"] += 1
-                return self._error(400, f"body is not valid gzip: {exc}", media)
+                return self._error(400, f"body cannot be decompressed (gzip): {exc}", media)
         try:
             export = decode_protobuf(body) if media == PROTOBUF else decode_json(body)
         except OtlpDecodeError as exc:
