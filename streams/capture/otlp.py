@@ -171,8 +171,8 @@ def encode_response(rejected: int, message: str, *, as_json: bool) -> bytes:
         response.partial_success.rejected_spans = rejected
         response.partial_success.error_message = message
     if as_json:
-        return json_format.MessageToJson(response, indent=None).encode()
-    return response.SerializeToString()
+        return str(json_format.MessageToJson(response, indent=None)).encode()
+    return bytes(response.SerializeToString())
 
 
 # -- a span, as plain values ------------------------------------------------------------------
@@ -680,7 +680,8 @@ def _structured(data: Any, default_role: str) -> tuple[list[ChatMessage], list[s
             continue
         if not isinstance(item, dict):
             continue
-        inner = item.get("message") if isinstance(item.get("message"), dict) else item
+        nested = item.get("message")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else item
         role = str(inner.get("role") or default_role)
         content = inner.get("parts", inner.get("content"))
         text = _parts_text(content)
@@ -729,7 +730,8 @@ def _tool_calls_of(content: Any) -> list[str]:
     for part in content:
         if not isinstance(part, dict):
             continue
-        function = part.get("function") if isinstance(part.get("function"), dict) else part
+        nested = part.get("function")
+        function: dict[str, Any] = nested if isinstance(nested, dict) else part
         if part.get("type", "tool_call") not in ("tool_call", "function") or not function.get(
             "name"
         ):
@@ -752,11 +754,11 @@ def _flattened(
     (OpenInference), with tool calls under ``.tool_calls.N.``."""
     rows: dict[int, dict[str, Any]] = {}
     for key, value in attrs.with_prefix(prefix).items():
-        index, _, rest = key.partition(".")
-        if not index.isdigit():
+        head, _, rest = key.partition(".")
+        if not head.isdigit():
             continue
         rest = rest.removeprefix("message.")
-        rows.setdefault(int(index), {})[rest] = value
+        rows.setdefault(int(head), {})[rest] = value
     messages, calls, reasons = [], [], []
     for index in sorted(rows):
         row = rows[index]
@@ -770,10 +772,10 @@ def _flattened(
         tools: dict[int, dict[str, Any]] = {}
         for key, value in row.items():
             if key.startswith("tool_calls."):
-                n, _, field_name = key[len("tool_calls.") :].partition(".")
-                if n.isdigit():
+                number, _, field_name = key[len("tool_calls.") :].partition(".")
+                if number.isdigit():
                     field_name = field_name.removeprefix("tool_call.").removeprefix("function.")
-                    tools.setdefault(int(n), {})[field_name] = value
+                    tools.setdefault(int(number), {})[field_name] = value
         for n in sorted(tools):
             tool = tools[n]
             if tool.get("name"):

@@ -241,8 +241,8 @@ async def run_otlp(
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()
         try:
-            sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-            port = sockets[0].getsockname()[1] if sockets else cfg.port
+            addresses = runner.addresses  # the bound (host, port), also for port 0
+            port = addresses[0][1] if addresses else cfg.port
             url = f"http://{cfg.host}:{port}/v1/traces"
             log.info("OTLP/HTTP trace ingest on %s", url)
             if ready is not None:
