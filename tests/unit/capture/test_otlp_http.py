@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -163,4 +162,36 @@ async def test_the_error_body_is_a_google_rpc_status(server: Any) -> None:
     body = response.content
     assert body[0] == 0x08 and body[1] == 3  # code: INVALID_ARGUMENT
     assert body[2] == 0x12 and body[4:].decode().startswith("unsupported content type")
-    assert json.loads(b"{}") == {}
+
+
+async def test_gzip_is_decompressed_here_when_the_server_does_not() -> None:
+    recorder = Recorder()
+    app = web.Application()
+    add_otlp_routes(app, recorder)
+    test_server = TestServer(app, host="127.0.0.1", auto_decompress=False)
+    await test_server.start_server()
+    try:
+        async with httpx.AsyncClient(base_url=str(test_server.make_url(""))) as client:
+            headers = {**PB, "Content-Encoding": "gzip"}
+            ok = await client.post("/v1/traces", content=gzip.compress(body_pb()), headers=headers)
+            broken = await client.post("/v1/traces", content=b"\x1f\x8b\x08junk", headers=headers)
+    finally:
+        await test_server.close()
+    assert ok.status_code == 200 and len(recorder.batches[0]) == 5
+    assert broken.status_code == 400 and b"cannot be decompressed" in broken.content
+
+
+def test_otlp_settings_fail_at_start_with_their_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streams.errors import ConfigError
+    from streams.settings import load_settings
+
+    monkeypatch.setenv("TRAJSTREAM_OTLP__PORT", "70000")
+    with pytest.raises(ConfigError, match=r"otlp\.port \[TRAJSTREAM_OTLP__PORT\]"):
+        load_settings()
+    monkeypatch.setenv("TRAJSTREAM_OTLP__PORT", "4319")
+    monkeypatch.setenv("TRAJSTREAM_OTLP__MISSING_PARENT", "own")
+    settings = load_settings()
+    assert (settings.otlp.port, settings.otlp.missing_parent) == (4319, "own")
+    monkeypatch.setenv("TRAJSTREAM_OTLP__MISSING_PARENT", "nobody")
+    with pytest.raises(ConfigError, match=r"otlp\.missing_parent"):
+        load_settings()
