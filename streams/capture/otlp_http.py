@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -221,7 +222,7 @@ async def run_otlp(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve ``POST /v1/traces`` on ``otlp.host``:``otlp.port``, publishing with the SDK's
-    producer, until ``stop`` is set (or forever)."""
+    producer, until ``stop`` is set (without one: until SIGTERM or SIGINT)."""
     from ..sdk import TrajstreamProducer
 
     cfg = settings.otlp
@@ -247,6 +248,11 @@ async def run_otlp(
             log.info("OTLP/HTTP trace ingest on %s", url)
             if ready is not None:
                 ready(url)
-            await (stop or asyncio.Event()).wait()
+            if stop is None:  # the command: stop on SIGTERM or SIGINT, after the requests in flight
+                stop = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
         finally:
             await runner.cleanup()

@@ -71,8 +71,13 @@ def otlp_url(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> Iterator[str]
         yield out.read_text().strip().splitlines()[0]
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            os.killpg(proc.pid, signal.SIGTERM)  # a graceful stop: exit 0 at once
+            try:
+                assert proc.wait(15) == 0, log.read_text()[-2000:]
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
 
 
 class Agent:
