@@ -4,6 +4,7 @@
     trajstream topics                         create the deployment's topics
     trajstream worker                         run a stream worker (add more to scale out)
     trajstream produce FILE...                publish JSON-lines agent events
+    trajstream otlp                           receive OpenTelemetry GenAI spans (OTLP/HTTP)
     trajstream simulate                       drive simulated agent traffic
     trajstream audit                          why calls were or were not selected
     trajstream standin                        run the Trinity stand-in server
@@ -164,6 +165,19 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     asyncio.run(publish())
     print(f"published {len(events)} event(s)" + (f", skipped {bad} invalid" if bad else ""))
     return 1 if bad and not events else 0
+
+
+def cmd_otlp(args: argparse.Namespace, settings: Settings) -> int:
+    from .capture.otlp_http import run_otlp
+
+    if args.host is not None or args.port is not None:
+        settings.otlp = settings.otlp.model_copy(
+            update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        )
+    bootstrap = resolve_bootstrap(settings)
+    _ensure_topics(settings, bootstrap)
+    asyncio.run(run_otlp(settings, bootstrap, ready=lambda url: print(url, flush=True)))
+    return 0
 
 
 def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
@@ -392,6 +406,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="publish the valid lines of a file that has invalid ones",
     )
     p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser(
+        "otlp",
+        help="receive OpenTelemetry GenAI spans on POST /v1/traces (OTLP/HTTP) as agent events",
+    )
+    p.add_argument("--host", default=None, help="listen address (default: otlp.host)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: otlp.port, 4318)")
+    p.set_defaults(func=cmd_otlp)
 
     p = sub.add_parser(
         "simulate",

@@ -153,6 +153,24 @@ class GatewaySettings(_Section):
         return v.expanduser()
 
 
+class OtlpSettings(_Section):
+    host: str = Field(
+        default="127.0.0.1", min_length=1, description="`trajstream otlp` listens here"
+    )
+    port: int = Field(default=4318, ge=0, le=65535, description="4318 is OTLP/HTTP's usual port")
+    max_body_bytes: PositiveInt = Field(
+        default=16 * 1024 * 1024, description="larger export requests are refused (413)"
+    )
+    publish_timeout_s: PositiveFloat = Field(
+        default=5.0, description="answer 503 (the exporter retries) when Kafka is slower"
+    )
+    missing_parent: Literal["agent", "own"] = Field(
+        default="agent",
+        description="a step span whose parent is not in its export: part of that parent's "
+        "agent call (agent), or a call of its own (own: for agents with no invoke_agent spans)",
+    )
+
+
 class Settings(BaseSettings):
     """Every setting of trajstream, with its environment variable in brackets in the README."""
 
@@ -175,6 +193,8 @@ class Settings(BaseSettings):
     windows: WindowSettings = Field(default_factory=WindowSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+
+    otlp: OtlpSettings = Field(default_factory=OtlpSettings)
     config: Path | None = Field(default=None, validation_alias=AliasChoices("TRAJSTREAM_CONFIG"))
 
     @field_validator("cache_dir", "data_dir")

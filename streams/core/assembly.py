@@ -9,6 +9,10 @@ table and deletes it (a tombstone) when the call closes.
 Rules:
 - an event whose ``event_id`` was already applied is a duplicate and changes nothing;
 - steps are ordered by ``seq``, not by arrival; two steps with one ``seq`` keep the first;
+- ``seq`` is read as a counter modulo 2**31 that may wrap: the order starts after the largest gap
+  between a call's seqs (:func:`step_order`). Producers that count 0, 1, 2... see plain numeric
+  order; a producer that derives ``seq`` from time without shared state (the OTLP ingest) may
+  cross the wrap inside a call and keep its order;
 - a call is complete at its END once it holds ``step_count`` steps (when the END says how many);
 - a call that stays open longer than the abandon timeout is closed as ``abandoned``;
 - a call that exceeds the step or byte limit is closed at once as ``oversized``.
@@ -37,6 +41,7 @@ from ..models import (
 from .select import CallView, Strategy
 
 __all__ = [
+    "SEQ_SPACE",
     "Applied",
     "Deadlines",
     "Limits",
@@ -47,6 +52,7 @@ __all__ = [
     "last_model",
     "new_pending",
     "progress_of",
+    "step_order",
     "task_id_for",
     "view_of",
 ]
@@ -127,13 +133,36 @@ def add_event(state: PendingCall, event: AgentCall | Completion, size: int) -> A
         return applied
     if isinstance(event, Completion):
         state.steps.append(event)
-        state.steps.sort(key=lambda s: s.seq)
+        state.steps[:] = step_order(state.steps)
     elif event.phase is CallPhase.START:
         state.start = event
     else:
         state.end = event
     state.bytes += size
     return Applied.ADDED
+
+
+SEQ_SPACE = 2**31
+"""``seq`` is an Avro int that is never negative: values 0 .. 2**31 - 1."""
+
+
+def step_order(steps: list[Completion]) -> list[Completion]:
+    """The steps in ``seq`` order, reading ``seq`` as a wrapping counter modulo 2**31.
+
+    The order starts at the seq after the largest gap between neighbouring seqs (the gap from
+    the largest back round to the smallest included). For seqs 0..n-1 that gap is the wrap
+    itself, so the order is the numeric one; for time-derived seqs that crossed 2**31 inside a
+    call (a call spans far less than half the space), the seqs after the wrap come last.
+    """
+    ordered = sorted(steps, key=lambda s: s.seq)
+    if len(ordered) < 2:
+        return ordered
+    best, origin = ordered[0].seq + SEQ_SPACE - ordered[-1].seq, 0
+    for i in range(1, len(ordered)):
+        gap = ordered[i].seq - ordered[i - 1].seq
+        if gap > best:
+            best, origin = gap, i
+    return ordered[origin:] + ordered[:origin]
 
 
 def closed_reason(state: PendingCall | Progress, now: datetime, limits: Limits) -> str | None:
