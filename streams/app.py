@@ -45,6 +45,7 @@ from .errors import (
     TrinityUnavailable,
     ValidationError,
 )
+from .io.security import faust_credentials
 from .join import Applied, Deadlines, Limits, Progress, close, closed_reason, view_of
 from .ledger import (
     CommitPlan,
@@ -143,11 +144,7 @@ class Pipeline:
         self.feedback_grace = timedelta(seconds=settings.reward.feedback_grace_s)
         self.worker_name = f"{socket.gethostname()}:{os.getpid()}"
         self._trinity_factory = trinity or (
-            lambda: TrinityClient(
-                settings.trinity.url,
-                timeout=settings.trinity.timeout_s,
-                max_connections=settings.trinity.max_connections,
-            )
+            lambda: TrinityClient.from_settings(settings.trinity)
         )
         self._trinity: TrinityClient | None = None
         self.stats: Counter[str] = Counter()
@@ -170,6 +167,7 @@ class Pipeline:
             web_enabled=False,
             producer_acks=-1,
             broker_commit_interval=1.0,
+            broker_credentials=faust_credentials(s.kafka.security),
         )
 
         def raw_topic(name: str, partitions: int) -> faust.TopicT:

@@ -34,8 +34,22 @@ __all__ = ["main", "resolve_bootstrap"]
 log = logging.getLogger("trajstream")
 
 
-def resolve_bootstrap(settings: Settings) -> str:
-    """The cluster to use: the configured one, else the running local broker."""
+def resolve_bootstrap(settings: Settings, *, check: bool = True) -> str:
+    """The cluster to use: the configured one, else the running local broker.
+
+    ``check`` connects and authenticates once first, so that a wrong password, an untrusted
+    certificate or an unreachable cluster stops the command at once with one line naming the
+    setting (instead of a client retrying in its logs).
+    """
+    bootstrap = _bootstrap(settings)
+    if check:
+        from .io.security import check_kafka
+
+        asyncio.run(check_kafka(bootstrap, settings.kafka.security))
+    return bootstrap
+
+
+def _bootstrap(settings: Settings) -> str:
     if settings.bootstrap_servers:
         return settings.bootstrap_servers
     from .broker import status
@@ -53,7 +67,14 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
     from .topics import Topics, create_topics
 
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
-    return asyncio.run(create_topics(bootstrap, topics.all(), settings.kafka.replication_factor))
+    return asyncio.run(
+        create_topics(
+            bootstrap,
+            topics.all(),
+            settings.kafka.replication_factor,
+            security=settings.kafka.security,
+        )
+    )
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -155,6 +176,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
             bootstrap,
             topic_prefix=settings.kafka.topic_prefix,
             partitions=settings.kafka.partitions,
+            security=settings.kafka.security,
         ) as producer:
             await producer.publish_many(events)
 
@@ -183,8 +205,9 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
                 bootstrap,
                 topic_prefix=settings.kafka.topic_prefix,
                 partitions=settings.kafka.partitions,
+                security=settings.kafka.security,
             ) as producer,
-            TrinityClient(settings.trinity.url) as trinity,
+            TrinityClient.from_settings(settings.trinity) as trinity,
         ):
             with Progress() as progress:
                 task = progress.add_task("agent calls", total=args.calls)
@@ -213,6 +236,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     from aiokafka import AIOKafkaConsumer
 
     from .codec import SchemaRegistry
+    from .io.security import kafka_client_kwargs
     from .models import SelectionDecision
     from .topics import Topics
 
@@ -223,7 +247,10 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     async def read() -> Counter[tuple[str, str, str, str]]:
         counts: Counter[tuple[str, str, str, str]] = Counter()
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            **kafka_client_kwargs(settings.kafka.security),
         )
         await consumer.start()
         try:

@@ -64,6 +64,7 @@ from .export import (
     trajectory_row,
     write_export,
 )
+from .io.security import kafka_client_kwargs
 from .join import Applied, Deadlines, Limits, add_event, close, closed_reason, new_pending
 from .models import (
     AgentCall,
@@ -889,13 +890,14 @@ async def run_replay(
         else settings.assembly.abandon_after_s
     )
 
-    topics = await _topic_partitions(bootstrap)
+    kafka = kafka_client_kwargs(settings.kafka.security)
+    topics = await _topic_partitions(bootstrap, kafka)
     if f"{prefix}.agent-events" not in topics:
         raise ConfigError(
             f"unknown topic {prefix}.agent-events: nothing to replay under "
             f"kafka.topic_prefix={prefix!r} [TRAJSTREAM_KAFKA__TOPIC_PREFIX]"
         )
-    consumer = _consumer(bootstrap, client_id)
+    consumer = _consumer(bootstrap, client_id, kafka)
     await consumer.start()
     # let the consumer's background task start: stopping it before it ran raises
     # CancelledError out of aiokafka's stop() (no-group mode)
@@ -962,7 +964,7 @@ async def run_replay(
     return result
 
 
-def _consumer(bootstrap: str, client_id: str) -> Any:
+def _consumer(bootstrap: str, client_id: str, kafka: dict[str, Any]) -> Any:
     from aiokafka import AIOKafkaConsumer
 
     # no group: nothing is committed anywhere, and the live group never sees this consumer
@@ -972,14 +974,15 @@ def _consumer(bootstrap: str, client_id: str) -> Any:
         client_id=client_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        **kafka,
     )
 
 
-async def _topic_partitions(bootstrap: str) -> dict[str, list[int]]:
+async def _topic_partitions(bootstrap: str, kafka: dict[str, Any]) -> dict[str, list[int]]:
     """Every topic of the cluster with its partitions (without creating any)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000, **kafka)
     try:
         await admin.start()
     except Exception as exc:
@@ -1164,11 +1167,13 @@ async def _acknowledged(
     return read_ledger((m.key for tp in sorted(fetched) for m in fetched[tp]), rid)
 
 
-async def _ensure_replayed(bootstrap: str, topic: str, replication: int) -> None:
+async def _ensure_replayed(
+    bootstrap: str, topic: str, replication: int, kafka: dict[str, Any]
+) -> None:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000, **kafka)
     await admin.start()
     try:
         if topic not in set(await admin.list_topics()):
@@ -1201,8 +1206,10 @@ async def _send(
 
     assert result.plan is not None
     topic = replayed_topic(settings.kafka.topic_prefix)
-    await _ensure_replayed(bootstrap, topic, settings.kafka.replication_factor)
+    kafka = kafka_client_kwargs(settings.kafka.security)
+    await _ensure_replayed(bootstrap, topic, settings.kafka.replication_factor, kafka)
     producer = AIOKafkaProducer(
+        **kafka,
         bootstrap_servers=bootstrap,
         client_id=client_id,
         acks="all",
@@ -1212,11 +1219,7 @@ async def _send(
     trinity = (
         trinity_factory
         or (
-            lambda: TrinityClient(
-                settings.trinity.url,
-                timeout=settings.trinity.timeout_s,
-                max_connections=settings.trinity.max_connections,
-            )
+            lambda: TrinityClient.from_settings(settings.trinity)
         )
     )()
     max_age = settings.trinity.retry_max_age_s

@@ -30,6 +30,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from .codec import SchemaRegistry
+from .io.security import kafka_client_kwargs
 from .models import (
     AgentCall,
     AvroModel,
@@ -43,6 +44,7 @@ from .models import (
     UserFeedback,
     utcnow,
 )
+from .settings import KafkaSecuritySettings
 from .topics import Topics
 
 __all__ = ["CallRecorder", "TrajstreamProducer", "new_id", "topic_for"]
@@ -62,7 +64,10 @@ def topic_for(record: AvroModel, topics: Topics) -> str:
 
 
 class TrajstreamProducer:
-    """Publishes agent events to Kafka. Use as an async context manager."""
+    """Publishes agent events to Kafka. Use as an async context manager.
+
+    ``security`` (TLS, SASL) is ``settings.kafka.security``; unset: PLAINTEXT.
+    """
 
     def __init__(
         self,
@@ -72,6 +77,7 @@ class TrajstreamProducer:
         partitions: int = 4,
         codec: SchemaRegistry | None = None,
         producer: AIOKafkaProducer | None = None,
+        security: KafkaSecuritySettings | None = None,
     ) -> None:
         self.topics = Topics(topic_prefix, partitions)
         self.codec = codec or SchemaRegistry.default()
@@ -80,6 +86,7 @@ class TrajstreamProducer:
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
+            **kafka_client_kwargs(security or KafkaSecuritySettings()),
         )
 
     async def start(self) -> None:

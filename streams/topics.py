@@ -32,6 +32,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from .errors import BrokerError
+from .io.security import kafka_client_kwargs
+from .settings import KafkaSecuritySettings
 
 __all__ = ["Topics", "create_topics"]
 
@@ -111,12 +113,22 @@ class Topics:
         }
 
 
-async def create_topics(bootstrap: str, wanted: dict[str, int], replication: int = 1) -> list[str]:
+async def create_topics(
+    bootstrap: str,
+    wanted: dict[str, int],
+    replication: int = 1,
+    *,
+    security: KafkaSecuritySettings | None = None,
+) -> list[str]:
     """Create the topics that do not exist yet; returns the names created.
 
     An existing topic with another partition count is an error: co-partitioning would break.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=15000,
+        **kafka_client_kwargs(security or KafkaSecuritySettings()),
+    )
     try:
         await admin.start()
     except Exception as exc:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+import ssl
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
@@ -32,6 +34,7 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from streams.errors import ConfigError, TrinityError, TrinityRejected, TrinityUnavailable
+from streams.settings import TrinitySettings
 
 __all__ = [
     "MAX_TASK_ID_LENGTH",
@@ -139,7 +142,10 @@ class TrinityClient:
     ``transport`` replaces the network (``httpx.MockTransport`` in unit tests); the pool limits
     apply only to the default transport. ``timeout`` applies to connect, read, write and waiting
     for a pooled connection alike. The client holds a connection pool: use it as an async
-    context manager or call :meth:`aclose`.
+    context manager or call :meth:`aclose`. ``ca_file`` is the PEM file of the CAs that sign
+    an https server's certificate (default: the system's); ``headers`` are sent with every
+    request (e.g. ``Authorization`` for a proxy in front of Trinity) and never logged.
+    :meth:`from_settings` builds one from the ``trinity`` settings.
     """
 
     def __init__(
@@ -149,6 +155,8 @@ class TrinityClient:
         timeout: float = 10.0,
         max_connections: int = 16,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_file: str | Path | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
@@ -165,13 +173,32 @@ class TrinityClient:
             # httpx's API over aiohttp's I/O: about a sixth of the CPU per request of httpx's
             # own transport (measured: 0.38 ms against 2.2 ms per POST on loopback), which
             # is most of a worker's cost per trajectory
-            transport = AiohttpTransport(limits=limits)
+            verify: ssl.SSLContext | bool = True
+            if ca_file is not None:
+                try:
+                    verify = ssl.create_default_context(cafile=str(ca_file))
+                except (OSError, ssl.SSLError) as exc:
+                    raise ConfigError(
+                        f"bad setting trinity.ca_file [TRAJSTREAM_TRINITY__CA_FILE]: {exc}"
+                    ) from exc
+            transport = AiohttpTransport(limits=limits, verify=verify)
         self._http = httpx.AsyncClient(
             base_url=self._base_url,
             timeout=httpx.Timeout(timeout),
             limits=limits,
             transport=transport,
-            headers={"user-agent": "trajstream"},
+            headers={"user-agent": "trajstream", **(headers or {})},
+        )
+
+    @classmethod
+    def from_settings(cls, settings: TrinitySettings) -> TrinityClient:
+        """The client the ``trinity`` settings describe: url, timeout, pool, CA, headers."""
+        return cls(
+            settings.url,
+            timeout=settings.timeout_s,
+            max_connections=settings.max_connections,
+            ca_file=settings.ca_file,
+            headers={k: v.get_secret_value() for k, v in settings.headers.items()},
         )
 
     @property

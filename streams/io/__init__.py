@@ -1,0 +1,1 @@
+"""Edges to the outside: Kafka clients and their security, the Trinity client."""
