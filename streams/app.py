@@ -143,9 +143,7 @@ class Pipeline:
         self._http_slots = asyncio.Semaphore(settings.trinity.max_connections)
         self.feedback_grace = timedelta(seconds=settings.reward.feedback_grace_s)
         self.worker_name = f"{socket.gethostname()}:{os.getpid()}"
-        self._trinity_factory = trinity or (
-            lambda: TrinityClient.from_settings(settings.trinity)
-        )
+        self._trinity_factory = trinity or (lambda: TrinityClient.from_settings(settings.trinity))
         self._trinity: TrinityClient | None = None
         self.stats: Counter[str] = Counter()
         self.app = self._build(bootstrap)

@@ -1216,12 +1216,7 @@ async def _send(
         enable_idempotence=True,
         linger_ms=5,
     )
-    trinity = (
-        trinity_factory
-        or (
-            lambda: TrinityClient.from_settings(settings.trinity)
-        )
-    )()
+    trinity = (trinity_factory or (lambda: TrinityClient.from_settings(settings.trinity)))()
     max_age = settings.trinity.retry_max_age_s
     await producer.start()
     try:
