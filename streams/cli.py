@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +124,18 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import faust
 
     from .app import Pipeline
+    from .topics import Topics, wait_until_ready
 
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
+    # before faust starts: its clients log transient errors while topics and the group
+    # coordinator come up on a fresh cluster
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).all()
+    asyncio.run(
+        wait_until_ready(
+            bootstrap, topics, group_id=settings.app_id, security=settings.kafka.security
+        )
+    )
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)
     pipeline = Pipeline(settings, bootstrap=bootstrap)
     worker = faust.Worker(
@@ -274,11 +284,21 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
         return counts
 
     counts = asyncio.run(read())
-    print(f"{'agent':<20} {'strategy':<32} {'decision':<9} {'reason':<24} {'calls':>7}")
-    for (agent, strategy, decision, reason), n in sorted(counts.items()):
-        print(f"{agent:<20} {strategy:<32} {decision:<9} {reason:<24} {n:>7}")
+    print(audit_table(counts))
     print(f"{sum(counts.values())} calls decided")
     return 0
+
+
+def audit_table(counts: Mapping[tuple[str, str, str, str], int]) -> str:
+    """The audit's rows under a header, each column as wide as its longest value."""
+    header = ("agent", "strategy", "decision", "reason", "calls")
+    rows = [(*key, str(n)) for key, n in sorted(counts.items())]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)]
+        lines.append(" ".join([*cells, row[-1].rjust(max(widths[-1], 7))]))
+    return "\n".join(lines)
 
 
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:

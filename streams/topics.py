@@ -26,16 +26,19 @@ topic                         partitions  records
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from .errors import BrokerError
 from .io.security import kafka_client_kwargs
 from .settings import KafkaSecuritySettings
 
-__all__ = ["Topics", "create_topics"]
+__all__ = ["Topics", "create_topics", "wait_until_ready"]
 
 
 @dataclass(frozen=True)
@@ -151,5 +154,59 @@ async def create_topics(
             except TopicAlreadyExistsError:
                 pass  # another worker created them at the same moment
         return [t.name for t in missing]
+    finally:
+        await admin.close()
+
+
+async def wait_until_ready(
+    bootstrap: str,
+    topics: Iterable[str],
+    *,
+    group_id: str | None = None,
+    security: KafkaSecuritySettings | None = None,
+    timeout: float = 30.0,
+) -> None:
+    """Wait until every partition of ``topics`` has a leader and the coordinator of
+    ``group_id`` answers.
+
+    Right after topics are created, or on a fresh cluster (whose ``__consumer_offsets`` topic
+    the first group lookup creates), a worker's clients would meet "topic not found" and
+    "coordinator not available" answers and log them as errors while they retry. Asking here
+    first, quietly, keeps a healthy start free of ERROR lines.
+    """
+    names = list(topics)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=15000,
+        **kafka_client_kwargs(security or KafkaSecuritySettings()),
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        await admin.start()
+    except Exception as exc:
+        raise BrokerError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+    try:
+        while True:
+            described = await admin.describe_topics(names) if names else []
+            waiting = [
+                d["topic"]
+                for d in described
+                if d["error_code"] != 0 or any(p["leader"] < 0 for p in d["partitions"])
+            ]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise BrokerError(f"topics without a leader after {timeout:g}s: {waiting}")
+            await asyncio.sleep(0.2)
+        while group_id is not None:
+            try:
+                await admin.find_coordinator(group_id)
+                break
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise BrokerError(
+                        f"no coordinator for consumer group {group_id} (app_id): {exc}"
+                    ) from exc
+            await asyncio.sleep(0.2)
     finally:
         await admin.close()
