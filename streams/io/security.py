@@ -45,23 +45,30 @@ def ssl_context(security: KafkaSecuritySettings) -> ssl.SSLContext | None:
     """
     if not security.uses_tls:
         return None
-    password = security.ssl_key_password
     try:
-        context = create_ssl_context(
-            cafile=security.ssl_cafile,
-            certfile=security.ssl_certfile,
-            keyfile=security.ssl_keyfile,
-            password=password.get_secret_value() if password is not None else None,
-        )
-    except ssl.SSLError as exc:
-        name = "ssl_cafile" if "verify" in str(exc).lower() else "ssl_certfile"
-        if security.ssl_certfile is not None and "key" in str(exc).lower():
-            name = "ssl_keyfile" if password is None else "ssl_key_password"
-        raise ConfigError(
-            f"bad setting kafka.security.{name} [{_ENV}{name.upper()}]: cannot load it: {exc}"
-        ) from exc
+        context = create_ssl_context(cafile=security.ssl_cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise _unloadable("ssl_cafile", exc) from exc
+    if security.ssl_certfile is not None:
+        password = security.ssl_key_password
+        try:
+            context.load_cert_chain(
+                security.ssl_certfile,
+                security.ssl_keyfile,
+                password.get_secret_value() if password is not None else None,
+            )
+        except (OSError, ssl.SSLError) as exc:
+            text = str(exc).lower()
+            name = "ssl_certfile"
+            if "key" in text or "pem lib" in text:
+                name = "ssl_key_password" if password is not None else "ssl_keyfile"
+            raise _unloadable(name, exc) from exc
     context.check_hostname = security.ssl_check_hostname
     return context
+
+
+def _unloadable(name: str, exc: Exception) -> ConfigError:
+    return ConfigError(f"bad setting {_setting(name)}: cannot load it: {exc}")
 
 
 def kafka_client_kwargs(security: KafkaSecuritySettings) -> dict[str, Any]:
