@@ -79,12 +79,12 @@ def test_bad_security_fails_naming_the_setting(security: dict[str, Any], named: 
 
 
 def test_a_key_without_a_certificate_is_an_error(tls: Any) -> None:
-    with pytest.raises(ConfigError, match="kafka.security.ssl_keyfile.*ssl_certfile"):
+    with pytest.raises(ConfigError, match=r"kafka\.security.ssl_keyfile.*ssl_certfile"):
         load_settings(kafka={"security": {"protocol": "SSL", "ssl_keyfile": str(tls.key_file)}})
 
 
 def test_a_missing_file_is_named_with_its_path() -> None:
-    with pytest.raises(ConfigError, match="no such file: nowhere/ca.pem"):
+    with pytest.raises(ConfigError, match=r"no such file: nowhere/ca\.pem"):
         load_settings(kafka={"security": sasl(ssl_cafile="nowhere/ca.pem")})
 
 
@@ -189,7 +189,7 @@ def test_a_file_that_is_not_a_certificate_is_a_config_error(tmp_path: Path) -> N
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate")
     s = KafkaSecuritySettings(protocol="SSL", ssl_cafile=junk)
-    with pytest.raises(ConfigError, match="kafka.security.ssl_cafile"):
+    with pytest.raises(ConfigError, match=r"kafka\.security.ssl_cafile"):
         ssl_context(s)
 
 
@@ -212,5 +212,5 @@ def test_a_key_that_does_not_match_the_certificate_names_the_key(tls: Any, tmp_p
     s = KafkaSecuritySettings(
         protocol="SSL", ssl_certfile=tls.cert_file, ssl_keyfile=other.key_file
     )
-    with pytest.raises(ConfigError, match="kafka.security.ssl_keyfile"):
+    with pytest.raises(ConfigError, match=r"kafka\.security.ssl_keyfile"):
         ssl_context(s)
