@@ -36,6 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 import faust
+from mode.utils.times import want_seconds
 
 from .codec import SchemaRegistry
 from .errors import (
@@ -286,6 +287,24 @@ class Pipeline:
                 logging.getLogger(noisy).setLevel(logging.WARNING)
 
         return app
+
+    def changelog_topics(self) -> dict[str, tuple[int, dict[str, str]]]:
+        """The tables' changelog topics, as faust would create them: name -> (partitions,
+        topic configs). Created before the worker starts, so that its first assignment finds
+        them in the cluster's metadata (faust creates them only moments before it subscribes)."""
+        out: dict[str, tuple[int, dict[str, str]]] = {}
+        for table in self.app.tables.values():
+            topic = table.changelog_topic
+            flags = [
+                f for f, on in (("compact", topic.compacting), ("delete", topic.deleting)) if on
+            ]
+            config = {"cleanup.policy": ",".join(flags)} if flags else {}
+            if topic.retention:
+                config["retention.ms"] = str(int(want_seconds(topic.retention) * 1000))
+            config.update({k: str(v) for k, v in (topic.config or {}).items()})
+            partitions = topic.partitions or self.settings.kafka.partitions
+            out[topic.get_topic_name()] = (partitions, config)
+        return out
 
     @property
     def trinity(self) -> TrinityClient:

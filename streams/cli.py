@@ -124,20 +124,34 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import faust
 
     from .app import Pipeline
-    from .topics import Topics, wait_until_ready
+    from .topics import Topics, create_topics, wait_until_ready
 
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
-    # before faust starts: its clients log transient errors while topics and the group
-    # coordinator come up on a fresh cluster
-    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).all()
-    asyncio.run(
-        wait_until_ready(
-            bootstrap, topics, group_id=settings.app_id, security=settings.kafka.security
-        )
-    )
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)
     pipeline = Pipeline(settings, bootstrap=bootstrap)
+    # Before faust starts: on a fresh cluster, or right after faust creates the changelog
+    # topics, its clients log "topic not found" and "coordinator not available" errors while
+    # they retry, and the first assignment skips the changelogs it cannot see yet.
+    changelogs = pipeline.changelog_topics()
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).all()
+
+    async def prepare() -> None:
+        await create_topics(
+            bootstrap,
+            {name: n for name, (n, _) in changelogs.items()},
+            settings.kafka.replication_factor,
+            security=settings.kafka.security,
+            configs={name: config for name, (_, config) in changelogs.items()},
+        )
+        await wait_until_ready(
+            bootstrap,
+            [*topics, *changelogs],
+            group_id=settings.app_id,
+            security=settings.kafka.security,
+        )
+
+    asyncio.run(prepare())
     worker = faust.Worker(
         pipeline.app,
         loglevel=settings.log_level,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -122,11 +122,14 @@ async def create_topics(
     replication: int = 1,
     *,
     security: KafkaSecuritySettings | None = None,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; returns the names created.
 
-    An existing topic with another partition count is an error: co-partitioning would break.
+    ``configs`` gives some topics their topic configs (e.g. ``cleanup.policy``). An existing
+    topic with another partition count is an error: co-partitioning would break.
     """
+    configs = configs or {}
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap,
         request_timeout_ms=15000,
@@ -147,7 +150,11 @@ async def create_topics(
                         f"topic {name} has {have} partitions, the settings say {wanted[name]} "
                         "(kafka.partitions): co-partitioned topics must agree"
                     )
-        missing = [NewTopic(t, n, replication) for t, n in wanted.items() if t not in existing]
+        missing = [
+            NewTopic(t, n, replication, topic_configs=dict(configs.get(t, {})))
+            for t, n in wanted.items()
+            if t not in existing
+        ]
         if missing:
             try:
                 await admin.create_topics(missing)

@@ -296,11 +296,17 @@ class TrinityClient:
     ) -> httpx.Response:
         try:
             response = await self._http.request(method, path, json=payload)
-        except httpx.TimeoutException as exc:
-            raise TrinityUnavailable(
-                f"{method} {self._base_url}{path}: timed out ({type(exc).__name__})"
-            ) from exc
         except httpx.TransportError as exc:
+            cert = _certificate_error(exc)
+            if cert is not None:
+                raise TrinityUnavailable(
+                    f"{method} {self._base_url}{path}: the server's certificate is not trusted "
+                    f"({cert}): check trinity.ca_file [TRAJSTREAM_TRINITY__CA_FILE]"
+                ) from exc
+            if isinstance(exc, httpx.TimeoutException):
+                raise TrinityUnavailable(
+                    f"{method} {self._base_url}{path}: timed out ({type(exc).__name__})"
+                ) from exc
             raise TrinityUnavailable(
                 f"{method} {self._base_url}{path}: {type(exc).__name__}: {exc}"
             ) from exc
@@ -312,3 +318,18 @@ class TrinityClient:
         if status >= 500 or status in _RETRIABLE_4XX:
             raise TrinityUnavailable(message, status=status, body=text)
         raise TrinityRejected(message, status=status, body=text)
+
+
+def _certificate_error(exc: BaseException) -> str | None:
+    """The certificate verification failure behind a transport error, if that is what it was.
+
+    (httpx-aiohttp reports it as a ConnectTimeout; the cause says what really happened.)
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        # aiohttp's ClientConnectorCertificateError holds the ssl error as certificate_error
+        inner = getattr(seen, "certificate_error", seen)
+        if isinstance(inner, ssl.SSLCertVerificationError):
+            return getattr(inner, "verify_message", None) or str(inner)
+        seen = seen.__cause__ or seen.__context__
+    return None
