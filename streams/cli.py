@@ -84,6 +84,8 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
 def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
     from . import broker
 
+    if args.sasl_ssl and args.action != "run":
+        raise ConfigError("--sasl-ssl is for `trajstream broker run` (a foreground broker)")
     if args.action == "start":
         state = broker.start_detached(settings.cache_dir, port=args.port)
         if args.port is None and state.port != broker.DEFAULT_DETACHED_PORT:
@@ -104,8 +106,21 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
         print(f"running: {running.bootstrap} (pid {running.pid}, Kafka {running.kafka_version})")
         return 0
     # run: in the foreground until interrupted
-    with broker.LocalBroker(settings.cache_dir, port=args.port or 0) as b:
+    with broker.LocalBroker(settings.cache_dir, port=args.port or 0, sasl_ssl=args.sasl_ssl) as b:
         print(b.start(), flush=True)
+        if args.sasl_ssl:
+            assert b.data_dir is not None
+            secret = b.data_dir / "tls" / "sasl-password"
+            print(
+                "# SASL_SSL listener (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512):\n"
+                f"TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS={b.sasl_ssl_bootstrap_servers}\n"
+                "TRAJSTREAM_KAFKA__SECURITY__PROTOCOL=SASL_SSL\n"
+                "TRAJSTREAM_KAFKA__SECURITY__MECHANISM=SCRAM-SHA-512\n"
+                f"TRAJSTREAM_KAFKA__SECURITY__USERNAME={b.sasl_username}\n"
+                f'TRAJSTREAM_KAFKA__SECURITY__PASSWORD="$(cat {secret})"\n'
+                f"TRAJSTREAM_KAFKA__SECURITY__SSL_CAFILE={b.ca_file}",
+                flush=True,
+            )
         try:
             while True:
                 asyncio.run(asyncio.sleep(3600))
@@ -388,6 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("broker", help="the local single-node Kafka broker (fetched with Maven)")
     p.add_argument("action", choices=["start", "stop", "status", "run"])
     p.add_argument("--port", type=int, default=None, help="listener port (start: 9092 if free)")
+    p.add_argument(
+        "--sasl-ssl",
+        action="store_true",
+        help="run: also listen with SASL_SSL (a CA made at start, PLAIN and SCRAM users) and "
+        "print the settings that connect to it",
+    )
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("topics", help="create the deployment's topics")
