@@ -150,6 +150,7 @@ async def test_scram_sha_512_worker_processes_a_call_and_starts_quietly(
         assert [f.body["msg_ids"] for f in standin.state.feedback] == [sim.msg_ids]
         errors = [line for line in log.splitlines() if "[ERROR]" in line or " ERROR " in line]
         assert errors == [], "\n".join(errors)
+        assert secure_broker.sasl_password not in log
     finally:
         worker.kill()
         await standin.stop()

@@ -12,10 +12,10 @@ import faust
 import pytest
 
 from streams import settings as settings_module
-from streams.broker import write_certificates
+from streams.broker import free_port, write_certificates
 from streams.cli import main
-from streams.errors import ConfigError
-from streams.io.security import faust_credentials, kafka_client_kwargs, ssl_context
+from streams.errors import BrokerError, ConfigError
+from streams.io.security import check_kafka, faust_credentials, kafka_client_kwargs, ssl_context
 from streams.settings import KafkaSecuritySettings, load_settings
 
 
@@ -214,3 +214,14 @@ def test_a_key_that_does_not_match_the_certificate_names_the_key(tls: Any, tmp_p
     )
     with pytest.raises(ConfigError, match=r"kafka\.security.ssl_keyfile"):
         ssl_context(s)
+
+
+async def test_check_names_the_bootstrap_servers_when_nothing_answers() -> None:
+    port = free_port()
+    with pytest.raises(BrokerError, match=r"kafka\.bootstrap_servers.*kafka\.security\.protocol"):
+        await check_kafka(f"127.0.0.1:{port}", KafkaSecuritySettings(), timeout_s=2)
+
+
+async def test_check_rejects_a_bootstrap_server_without_a_port() -> None:
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap_servers.*'broker-1'"):
+        await check_kafka("broker-1", KafkaSecuritySettings(), timeout_s=2)
