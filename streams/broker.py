@@ -266,10 +266,15 @@ def write_certificates(
     """
     import ipaddress
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError as exc:  # a test dependency: pip install 'trajstream[test]'
+        raise BrokerError(
+            "making certificates needs the 'cryptography' package: pip install cryptography"
+        ) from exc
 
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.now(UTC)
