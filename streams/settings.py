@@ -131,7 +131,8 @@ def _secret(v: Any) -> str:
 class KafkaSettings(_Section):
     bootstrap_servers: str | None = Field(
         default=None,
-        description="host:port[,host:port]; unset: the local broker started by `trajstream broker start`",
+        description="host:port[,host:port]; unset: the local broker started by "
+        "`trajstream broker start`",
     )
     topic_prefix: str = Field(default="trajstream", pattern=r"^[A-Za-z0-9._-]+$")
     partitions: PositiveInt = Field(default=4, description="partitions of the keyed topics")
