@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,22 @@ __all__ = ["main", "resolve_bootstrap"]
 log = logging.getLogger("trajstream")
 
 
-def resolve_bootstrap(settings: Settings) -> str:
-    """The cluster to use: the configured one, else the running local broker."""
+def resolve_bootstrap(settings: Settings, *, check: bool = True) -> str:
+    """The cluster to use: the configured one, else the running local broker.
+
+    ``check`` connects and authenticates once first, so that a wrong password, an untrusted
+    certificate or an unreachable cluster stops the command at once with one line naming the
+    setting (instead of a client retrying in its logs).
+    """
+    bootstrap = _bootstrap(settings)
+    if check:
+        from .io.security import check_kafka
+
+        asyncio.run(check_kafka(bootstrap, settings.kafka.security))
+    return bootstrap
+
+
+def _bootstrap(settings: Settings) -> str:
     if settings.bootstrap_servers:
         return settings.bootstrap_servers
     from .devtools.broker import status
@@ -57,7 +72,14 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
     from .topics import Topics
 
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
-    return asyncio.run(create_topics(bootstrap, topics.all(), settings.kafka.replication_factor))
+    return asyncio.run(
+        create_topics(
+            bootstrap,
+            topics.all(),
+            settings.kafka.replication_factor,
+            security=settings.kafka.security,
+        )
+    )
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -66,6 +88,8 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
 def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
     from .devtools import broker
 
+    if args.sasl_ssl and args.action != "run":
+        raise ConfigError("--sasl-ssl is for `trajstream broker run` (a foreground broker)")
     if args.action == "start":
         state = broker.start_detached(settings.cache_dir, port=args.port)
         if args.port is None and state.port != broker.DEFAULT_DETACHED_PORT:
@@ -86,8 +110,21 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
         print(f"running: {running.bootstrap} (pid {running.pid}, Kafka {running.kafka_version})")
         return 0
     # run: in the foreground until interrupted
-    with broker.LocalBroker(settings.cache_dir, port=args.port or 0) as b:
+    with broker.LocalBroker(settings.cache_dir, port=args.port or 0, sasl_ssl=args.sasl_ssl) as b:
         print(b.start(), flush=True)
+        if args.sasl_ssl:
+            assert b.data_dir is not None
+            secret = b.data_dir / "tls" / "sasl-password"
+            print(
+                "# SASL_SSL listener (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512):\n"
+                f"TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS={b.sasl_ssl_bootstrap_servers}\n"
+                "TRAJSTREAM_KAFKA__SECURITY__PROTOCOL=SASL_SSL\n"
+                "TRAJSTREAM_KAFKA__SECURITY__MECHANISM=SCRAM-SHA-512\n"
+                f"TRAJSTREAM_KAFKA__SECURITY__USERNAME={b.sasl_username}\n"
+                f'TRAJSTREAM_KAFKA__SECURITY__PASSWORD="$(cat {secret})"\n'
+                f"TRAJSTREAM_KAFKA__SECURITY__SSL_CAFILE={b.ca_file}",
+                flush=True,
+            )
         try:
             while True:
                 asyncio.run(asyncio.sleep(3600))
@@ -105,12 +142,36 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import faust
 
+    from .io.kafka import create_topics, wait_until_ready
     from .runtime.live import Pipeline
+    from .topics import Topics
 
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)
     pipeline = Pipeline(settings, bootstrap=bootstrap)
+    # Before faust starts: on a fresh cluster, or right after faust creates the changelog
+    # topics, its clients log "topic not found" and "coordinator not available" errors while
+    # they retry, and the first assignment skips the changelogs it cannot see yet.
+    changelogs = pipeline.changelog_topics()
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).all()
+
+    async def prepare() -> None:
+        await create_topics(
+            bootstrap,
+            {name: n for name, (n, _) in changelogs.items()},
+            settings.kafka.replication_factor,
+            security=settings.kafka.security,
+            configs={name: config for name, (_, config) in changelogs.items()},
+        )
+        await wait_until_ready(
+            bootstrap,
+            [*topics, *changelogs],
+            group_id=settings.app_id,
+            security=settings.kafka.security,
+        )
+
+    asyncio.run(prepare())
     worker = faust.Worker(
         pipeline.app,
         loglevel=settings.log_level,
@@ -159,6 +220,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
             bootstrap,
             topic_prefix=settings.kafka.topic_prefix,
             partitions=settings.kafka.partitions,
+            security=settings.kafka.security,
         ) as producer:
             await producer.publish_many(events)
 
@@ -200,8 +262,9 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
                 bootstrap,
                 topic_prefix=settings.kafka.topic_prefix,
                 partitions=settings.kafka.partitions,
+                security=settings.kafka.security,
             ) as producer,
-            TrinityClient(settings.trinity.url) as trinity,
+            TrinityClient.from_settings(settings.trinity) as trinity,
         ):
             with Progress() as progress:
                 task = progress.add_task("agent calls", total=args.calls)
@@ -238,7 +301,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
 
     async def read() -> Counter[tuple[str, str, str, str]]:
         counts: Counter[tuple[str, str, str, str]] = Counter()
-        consumer = kafka.consumer(bootstrap)
+        consumer = kafka.consumer(bootstrap, settings.kafka.security)
         await consumer.start()
         try:
             if topic not in await consumer.topics():
@@ -261,11 +324,21 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
         return counts
 
     counts = asyncio.run(read())
-    print(f"{'agent':<20} {'strategy':<32} {'decision':<9} {'reason':<24} {'calls':>7}")
-    for (agent, strategy, decision, reason), n in sorted(counts.items()):
-        print(f"{agent:<20} {strategy:<32} {decision:<9} {reason:<24} {n:>7}")
+    print(audit_table(counts))
     print(f"{sum(counts.values())} calls decided")
     return 0
+
+
+def audit_table(counts: Mapping[tuple[str, str, str, str], int]) -> str:
+    """The audit's rows under a header, each column as wide as its longest value."""
+    header = ("agent", "strategy", "decision", "reason", "calls")
+    rows = [(*key, str(n)) for key, n in sorted(counts.items())]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)]
+        lines.append(" ".join([*cells, row[-1].rjust(max(widths[-1], 7))]))
+    return "\n".join(lines)
 
 
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
@@ -378,6 +451,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("broker", help="the local single-node Kafka broker (fetched with Maven)")
     p.add_argument("action", choices=["start", "stop", "status", "run"])
     p.add_argument("--port", type=int, default=None, help="listener port (start: 9092 if free)")
+    p.add_argument(
+        "--sasl-ssl",
+        action="store_true",
+        help="run: also listen with SASL_SSL (a CA made at start, PLAIN and SCRAM users) and "
+        "print the settings that connect to it",
+    )
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser(

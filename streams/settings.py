@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,7 +36,7 @@ from pydantic_settings import (
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["KafkaSecuritySettings", "Settings", "TrinitySettings", "load_settings"]
 
 PositiveFloat = pydantic.PositiveFloat
 PositiveInt = pydantic.PositiveInt
@@ -38,6 +46,88 @@ class _Section(BaseModel):
     """A section of the settings; a misspelt key in a config file is an error, not ignored."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class KafkaSecuritySettings(_Section):
+    """How every Kafka client of trajstream authenticates: TLS and/or SASL.
+
+    Validated field by field, in this order, so that an error names the setting to fix.
+    OAUTHBEARER is not offered: aiokafka needs a token provider object for it (code, not a
+    setting).
+    """
+
+    protocol: SecurityProtocol = Field(
+        default="PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+    )
+    mechanism: SaslMechanism | None = Field(
+        default=None,
+        validate_default=True,
+        description="SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (SASL_* protocols)",
+    )
+    username: str | None = Field(default=None, validate_default=True)
+    password: SecretStr | None = Field(default=None, validate_default=True)
+    ssl_cafile: Path | None = Field(
+        default=None, description="PEM file of the CAs to trust; unset: the system's CAs"
+    )
+    ssl_certfile: Path | None = Field(default=None, description="client certificate (PEM, mTLS)")
+    ssl_keyfile: Path | None = Field(
+        default=None, validate_default=True, description="client private key (PEM)"
+    )
+    ssl_key_password: SecretStr | None = Field(
+        default=None, description="password of an encrypted ssl_keyfile"
+    )
+    ssl_check_hostname: bool = True
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @field_validator("mechanism")
+    @classmethod
+    def _mechanism(cls, v: str | None, info: ValidationInfo) -> str | None:
+        protocol = info.data.get("protocol", "PLAINTEXT")
+        if protocol.startswith("SASL_") and v is None:
+            raise ValueError(
+                f"required with protocol {protocol}: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
+            )
+        if not protocol.startswith("SASL_") and v is not None:
+            raise ValueError(f"protocol {protocol} does not use SASL: set protocol SASL_SSL")
+        return v
+
+    @field_validator("username", "password")
+    @classmethod
+    def _credentials(cls, v: Any, info: ValidationInfo) -> Any:
+        protocol = info.data.get("protocol", "PLAINTEXT")
+        if protocol.startswith("SASL_") and (v is None or not _secret(v)):
+            raise ValueError(f"required with protocol {protocol}")
+        return v
+
+    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _file(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is None:
+            return v
+        protocol = info.data.get("protocol", "PLAINTEXT")
+        if protocol not in ("SSL", "SASL_SSL"):
+            raise ValueError(f"protocol {protocol} does not use TLS: set protocol SSL or SASL_SSL")
+        v = v.expanduser()
+        if not v.is_file():
+            raise ValueError(f"no such file: {v}")
+        if info.field_name == "ssl_keyfile" and info.data.get("ssl_certfile") is None:
+            raise ValueError("a key without ssl_certfile: set both")
+        return v
+
+
+def _secret(v: Any) -> str:
+    return v.get_secret_value() if isinstance(v, SecretStr) else str(v)
 
 
 class KafkaSettings(_Section):
@@ -50,6 +140,7 @@ class KafkaSettings(_Section):
     topic_prefix: str = Field(default="trajstream", pattern=r"^[A-Za-z0-9._-]+$")
     partitions: PositiveInt = Field(default=4, description="partitions of the keyed topics")
     replication_factor: PositiveInt = 1
+    security: KafkaSecuritySettings = Field(default_factory=KafkaSecuritySettings)
 
 
 class TrinitySettings(_Section):
@@ -59,6 +150,25 @@ class TrinitySettings(_Section):
     retry_max_age_s: PositiveFloat = Field(
         default=3600.0, description="give up on a feedback (dead letter) after retrying this long"
     )
+    ca_file: Path | None = Field(
+        default=None, description="PEM file of the CAs to trust for an https url"
+    )
+    headers: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="extra request headers, e.g. Authorization (values are secret)",
+    )
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is None:
+            return v
+        if not str(info.data.get("url", "")).startswith("https://"):
+            raise ValueError("only used with an https:// url (trinity.url)")
+        v = v.expanduser()
+        if not v.is_file():
+            raise ValueError(f"no such file: {v}")
+        return v
 
 
 class SelectionSettings(_Section):
@@ -269,6 +379,9 @@ def _check_env_names(environ: Mapping[str, str]) -> None:
             fields = annotation.model_fields if nested else None
 
 
+_SECRET_NAMES = {"password", "ssl_key_password", "headers"}
+
+
 def _describe(exc: pydantic.ValidationError) -> str:
     lines = []
     for err in exc.errors():
@@ -276,7 +389,13 @@ def _describe(exc: pydantic.ValidationError) -> str:
         dotted = ".".join(loc) or "settings"
         env = "TRAJSTREAM_" + "__".join(p.upper() for p in loc)
         value = err.get("input")
-        secret = any("api_key" in part for part in loc)
-        shown = "" if isinstance(value, dict) or secret else f" (got {value!r})"
-        lines.append(f"bad setting {dotted} [{env}]: {err['msg']}{shown}")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        if (
+            isinstance(value, SecretStr)
+            or any(p in _SECRET_NAMES for p in loc)
+            or any("api_key" in str(part) for part in loc)
+        ):
+            shown = ""  # never echo a secret
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"bad setting {dotted} [{env}]: {msg}{shown}")
     return "; ".join(lines)

@@ -29,9 +29,11 @@ May import: the standard library (``create_topics`` defers to :mod:`streams.io.k
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Topics", "create_topics"]
+__all__ = ["Topics", "create_topics", "wait_until_ready"]
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,17 @@ class Topics:
         }
 
 
-async def create_topics(bootstrap: str, wanted: dict[str, int], replication: int = 1) -> list[str]:
+async def create_topics(
+    bootstrap: str, wanted: dict[str, int], replication: int = 1, **options: Any
+) -> list[str]:
     """Compatibility: :func:`streams.io.kafka.create_topics`, where every Kafka client is built."""
     from .io.kafka import create_topics as create
 
-    return await create(bootstrap, wanted, replication)
+    return await create(bootstrap, wanted, replication, **options)
+
+
+async def wait_until_ready(bootstrap: str, topics: Iterable[str], **options: Any) -> None:
+    """Compatibility: :func:`streams.io.kafka.wait_until_ready`."""
+    from .io.kafka import wait_until_ready as wait
+
+    await wait(bootstrap, topics, **options)

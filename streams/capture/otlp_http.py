@@ -227,7 +227,10 @@ async def run_otlp(
 
     cfg = settings.otlp
     async with TrajstreamProducer(
-        bootstrap, topic_prefix=settings.kafka.topic_prefix, partitions=settings.kafka.partitions
+        bootstrap,
+        topic_prefix=settings.kafka.topic_prefix,
+        partitions=settings.kafka.partitions,
+        security=settings.kafka.security,
     ) as producer:
         app = web.Application()
         add_otlp_routes(

@@ -46,6 +46,7 @@ from ..models import (
     UserFeedback,
     utcnow,
 )
+from ..settings import KafkaSecuritySettings
 from ..topics import Topics
 
 __all__ = ["CallRecorder", "TrajstreamProducer", "new_id", "topic_for"]
@@ -65,7 +66,10 @@ def topic_for(record: AvroModel, topics: Topics) -> str:
 
 
 class TrajstreamProducer:
-    """Publishes agent events to Kafka. Use as an async context manager."""
+    """Publishes agent events to Kafka. Use as an async context manager.
+
+    ``security`` (TLS, SASL) is ``settings.kafka.security``; unset: PLAINTEXT.
+    """
 
     def __init__(
         self,
@@ -75,10 +79,11 @@ class TrajstreamProducer:
         partitions: int = 4,
         codec: SchemaRegistry | None = None,
         producer: AIOKafkaProducer | None = None,
+        security: KafkaSecuritySettings | None = None,
     ) -> None:
         self.topics = Topics(topic_prefix, partitions)
         self.codec = codec or SchemaRegistry.default()
-        self._producer = producer or kafka.producer(bootstrap_servers)
+        self._producer = producer or kafka.producer(bootstrap_servers, security)
 
     async def start(self) -> None:
         await self._producer.start()

@@ -21,6 +21,15 @@ A broker's data dir holds its ``server.properties``, its Kafka log segments unde
 ``kafka-logs/``, ``broker.log`` (its own log, WARN and above) and ``broker.out`` (the JVM's
 stdout and stderr). When the broker fails to start, the error quotes the end of both.
 
+``LocalBroker(cache_dir, sasl_ssl=True)`` adds a second listener that speaks SASL over TLS,
+as managed Kafka services do, beside the PLAINTEXT one: a CA and a server certificate for
+127.0.0.1 and localhost are made at start (Python's ``cryptography``, no keytool) and written
+into the data dir as PEM (``ca.pem``, and ``server-keystore.pem`` that the broker reads as a
+``PEM`` keystore); one user, :attr:`LocalBroker.sasl_username`, may log in with PLAIN (the
+listener's JAAS config) and SCRAM-SHA-256/512 (credentials added when the storage is
+formatted). :attr:`~LocalBroker.sasl_ssl_bootstrap_servers`, :attr:`~LocalBroker.ca_file` and
+:attr:`~LocalBroker.sasl_password` tell a client how to connect.
+
 POSIX only: the broker runs in its own process group, which is signalled as a whole.
 
 Why one module of ~900 lines (LocalBroker ~350): fetching, rendering the configuration,
@@ -40,6 +49,7 @@ import functools
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -50,7 +60,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -65,6 +75,7 @@ __all__ = [
     "KAFKA_VERSION",
     "BrokerState",
     "LocalBroker",
+    "TlsFiles",
     "free_port",
     "port_answers",
     "port_is_free",
@@ -75,6 +86,7 @@ __all__ = [
     "start_detached",
     "status",
     "stop_detached",
+    "write_certificates",
 ]
 
 log = logging.getLogger(__name__)
@@ -164,6 +176,23 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 """
 
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+SASL_SSL_PROPERTIES_TEMPLATE = """\
+# The SASL_SSL listener: TLS with a PEM keystore, then PLAIN or SCRAM-SHA-256/512.
+sasl.enabled.mechanisms={mechanisms}
+listener.name.sasl_ssl.sasl.enabled.mechanisms={mechanisms}
+listener.name.sasl_ssl.plain.sasl.jaas.config=\
+org.apache.kafka.common.security.plain.PlainLoginModule required user_{username}="{password}";
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=\
+org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=\
+org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location={keystore}
+listener.name.sasl_ssl.ssl.client.auth=none
+"""
+
 
 # --- pure parts: rendering, ports, executables -------------------------------------------
 
@@ -181,16 +210,126 @@ def render_log4j2_config() -> str:
 
 
 def render_server_properties(
-    *, host: str, port: int, controller_port: int, log_dir: Path, node_id: int = 1
+    *,
+    host: str,
+    port: int,
+    controller_port: int,
+    log_dir: Path,
+    node_id: int = 1,
+    sasl_ssl: tuple[int, Path, str, str] | None = None,
 ) -> str:
-    """The ``server.properties`` of a one-node broker+controller listening on ``host``."""
-    return SERVER_PROPERTIES_TEMPLATE.format(
+    """The ``server.properties`` of a one-node broker+controller listening on ``host``.
+
+    ``sasl_ssl`` (port, PEM keystore, username, password) adds a SASL_SSL listener.
+    """
+    text = SERVER_PROPERTIES_TEMPLATE.format(
         node_id=node_id,
         host=host,
         port=port,
         controller_port=controller_port,
         log_dir=log_dir.as_posix(),
     )
+    if sasl_ssl is None:
+        return text
+    sasl_port, keystore, username, password = sasl_ssl
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("listeners="):
+            line += f",SASL_SSL://{host}:{sasl_port}"
+        elif line.startswith("advertised.listeners="):
+            line += f",SASL_SSL://{host}:{sasl_port}"
+        elif line.startswith("listener.security.protocol.map="):
+            line += ",SASL_SSL:SASL_SSL"
+        lines.append(line)
+    return (
+        "\n".join(lines)
+        + "\n"
+        + SASL_SSL_PROPERTIES_TEMPLATE.format(
+            mechanisms=",".join(SASL_MECHANISMS),
+            username=username,
+            password=password,
+            keystore=keystore.as_posix(),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files made by :func:`write_certificates`."""
+
+    ca_file: Path  # the CA's certificate: what a client trusts
+    cert_file: Path  # the server's certificate, signed by the CA
+    key_file: Path  # the server's private key (PKCS#8, unencrypted)
+    keystore: Path  # key then certificate chain in one file: a Kafka PEM keystore
+
+
+def write_certificates(
+    directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"), name: str = "server"
+) -> TlsFiles:
+    """Make a throwaway CA and a server certificate for ``hosts``; write them as PEM.
+
+    For tests and the local broker only: the keys are unencrypted, valid for 30 days.
+    """
+    import ipaddress
+
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError as exc:  # a test dependency: pip install 'trajstream[test]'
+        raise BrokerError(
+            "making certificates needs the 'cryptography' package: pip install cryptography"
+        ) from exc
+
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC)
+
+    def build(subject: str, issuer: x509.Name | None, key: Any, signer: Any, ca: bool) -> Any:
+        subject_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject_name)
+            .issuer_name(issuer or subject_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            names: list[x509.GeneralName] = []
+            for h in hosts:
+                try:
+                    names.append(x509.IPAddress(ipaddress.ip_address(h)))
+                except ValueError:
+                    names.append(x509.DNSName(h))
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = build(f"trajstream test CA {uuid.uuid4().hex[:8]}", None, ca_key, ca_key, True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = build(hosts[0], ca_cert.subject, key, ca_key, False)
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    cert_pem = cert.public_bytes(pem)
+    ca_pem = ca_cert.public_bytes(pem)
+    files = TlsFiles(
+        ca_file=directory / f"{name}-ca.pem",
+        cert_file=directory / f"{name}-cert.pem",
+        key_file=directory / f"{name}-key.pem",
+        keystore=directory / f"{name}-keystore.pem",
+    )
+    files.ca_file.write_bytes(ca_pem)
+    files.cert_file.write_bytes(cert_pem + ca_pem)
+    files.key_file.write_bytes(key_pem)
+    files.keystore.write_bytes(key_pem + cert_pem + ca_pem)
+    for path in (files.key_file, files.keystore):
+        path.chmod(0o600)
+    return files
 
 
 def require_executable(name: str) -> str:
@@ -438,8 +577,14 @@ class LocalBroker:
         port: int = 0,
         host: str = "127.0.0.1",
         heap: str = "512m",
+        sasl_ssl: bool = False,
     ) -> None:
         self.cache_dir = Path(cache_dir).absolute()
+        self.sasl_ssl = sasl_ssl
+        self.sasl_username = "trajstream"
+        self._sasl_password: str | None = None
+        self._sasl_ssl_port: int | None = None
+        self._tls: TlsFiles | None = None
         self.host = host
         self.heap = heap
         self._requested_port = port
@@ -507,6 +652,27 @@ class LocalBroker:
         if self._port is None:
             raise BrokerError("the broker's port is chosen at start(); start it first")
         return f"{self.host}:{self._port}"
+
+    @property
+    def sasl_ssl_bootstrap_servers(self) -> str:
+        """``host:port`` of the SASL_SSL listener (``sasl_ssl=True``), known after start."""
+        if self._sasl_ssl_port is None:
+            raise BrokerError("no SASL_SSL listener: LocalBroker(..., sasl_ssl=True), started")
+        return f"{self.host}:{self._sasl_ssl_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The PEM file of the CA that signed the SASL_SSL listener's certificate."""
+        if self._tls is None:
+            raise BrokerError("no SASL_SSL listener: LocalBroker(..., sasl_ssl=True), started")
+        return self._tls.ca_file
+
+    @property
+    def sasl_password(self) -> str:
+        """The password of :attr:`sasl_username` for PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512."""
+        if self._sasl_password is None:
+            raise BrokerError("no SASL_SSL listener: LocalBroker(..., sasl_ssl=True), started")
+        return self._sasl_password
 
     # lifecycle
 
@@ -601,6 +767,11 @@ class LocalBroker:
                 self._controller_port = free_port(self.host)
         else:
             self._port, self._controller_port = _free_ports(self.host, 2)
+        if self.sasl_ssl:
+            taken = {self._port, self._controller_port}
+            self._sasl_ssl_port = next(
+                p for p in iter(lambda: free_port(self.host), None) if p not in taken
+            )
 
         owns_data_dir = self._given_data_dir is None
         if owns_data_dir:
@@ -617,6 +788,7 @@ class LocalBroker:
                     port=self._port,
                     controller_port=self._controller_port,
                     log_dir=log_dir,
+                    sasl_ssl=self._prepare_sasl_ssl(data_dir),
                 )
             )
             if not (log_dir / "meta.properties").exists():
@@ -641,8 +813,38 @@ class LocalBroker:
         log.info("Kafka broker pid %d ready at %s", self._proc.pid, self.bootstrap_servers)
         return self.bootstrap_servers
 
+    def _prepare_sasl_ssl(self, data_dir: Path) -> tuple[int, Path, str, str] | None:
+        """Certificates and the password, made once per data dir (a kept data dir keeps the
+        SCRAM credentials it was formatted with)."""
+        if not self.sasl_ssl:
+            return None
+        assert self._sasl_ssl_port is not None
+        tls_dir = data_dir / "tls"
+        secret = tls_dir / "sasl-password"
+        if secret.exists():
+            self._tls = TlsFiles(
+                ca_file=tls_dir / "server-ca.pem",
+                cert_file=tls_dir / "server-cert.pem",
+                key_file=tls_dir / "server-key.pem",
+                keystore=tls_dir / "server-keystore.pem",
+            )
+            self._sasl_password = secret.read_text().strip()
+        else:
+            self._tls = write_certificates(tls_dir, hosts=_tls_hosts(self.host))
+            self._sasl_password = secrets.token_hex(16)
+            secret.write_text(self._sasl_password + "\n")
+            secret.chmod(0o600)
+        return (self._sasl_ssl_port, self._tls.keystore, self.sasl_username, self._sasl_password)
+
     def _format(self, java: str, deadline: float) -> None:
         assert self.config_file is not None and self.stdout_file is not None
+        scram: list[str] = []
+        if self._sasl_password is not None:
+            for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+                scram += [
+                    "--add-scram",
+                    f"{mechanism}=[name={self.sasl_username},password={self._sasl_password}]",
+                ]
         command = self._java_command(
             java,
             "kafka.tools.StorageTool",
@@ -651,6 +853,7 @@ class LocalBroker:
             new_cluster_id(),
             "-c",
             str(self.config_file),
+            *scram,
         )
         try:
             result = subprocess.run(
@@ -763,6 +966,11 @@ class LocalBroker:
 
 
 _DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+def _tls_hosts(host: str) -> tuple[str, ...]:
+    hosts = [host, "127.0.0.1", "localhost"]
+    return tuple(dict.fromkeys(hosts))
 
 
 # --- detached mode (the CLI) ------------------------------------------------------------

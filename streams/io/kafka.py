@@ -2,24 +2,28 @@
 (the bounded range reader of replay), producers.
 
 Topic names come only from :class:`streams.topics.Topics`. The Faust worker builds its own
-clients from the same bootstrap string (:mod:`streams.runtime.live`). One place to add the
-cluster's security settings when they come.
+clients from the same bootstrap string and :func:`streams.io.security.faust_credentials`
+(:mod:`streams.runtime.live`). Every builder takes the ``kafka.security`` settings (TLS, SASL)
+and passes them on through :func:`streams.io.security.kafka_client_kwargs`.
 
-May import: aiokafka, the top-level modules (errors, topics).
+May import: aiokafka, streams.io.security, the top-level modules (errors, settings, topics).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from ..errors import BrokerError
+from ..settings import KafkaSecuritySettings
+from .security import kafka_client_kwargs
 
 __all__ = [
     "admin",
@@ -30,35 +34,55 @@ __all__ = [
     "offsets_at",
     "producer",
     "topic_partitions",
+    "wait_until_ready",
 ]
 
 REQUEST_TIMEOUT_MS = 15000
 
 
-def admin(bootstrap: str) -> AIOKafkaAdminClient:
-    return AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS)
+def _security(security: KafkaSecuritySettings | None) -> dict[str, Any]:
+    return kafka_client_kwargs(security or KafkaSecuritySettings())
 
 
-def producer(bootstrap: str, **kwargs: Any) -> AIOKafkaProducer:
+def admin(bootstrap: str, security: KafkaSecuritySettings | None = None) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS, **_security(security)
+    )
+
+
+def producer(
+    bootstrap: str, security: KafkaSecuritySettings | None = None, **kwargs: Any
+) -> AIOKafkaProducer:
     """An idempotent producer that waits for every replica (``acks=all``)."""
     options: dict[str, Any] = {"acks": "all", "enable_idempotence": True, "linger_ms": 5}
     options.update(kwargs)
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, **options)
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, **options, **_security(security))
 
 
-def consumer(bootstrap: str, **kwargs: Any) -> AIOKafkaConsumer:
+def consumer(
+    bootstrap: str, security: KafkaSecuritySettings | None = None, **kwargs: Any
+) -> AIOKafkaConsumer:
     """A consumer from the earliest offset that commits nothing unless told to."""
     options: dict[str, Any] = {"auto_offset_reset": "earliest", "enable_auto_commit": False}
     options.update(kwargs)
-    return AIOKafkaConsumer(bootstrap_servers=bootstrap, **options)
+    return AIOKafkaConsumer(bootstrap_servers=bootstrap, **options, **_security(security))
 
 
-async def create_topics(bootstrap: str, wanted: dict[str, int], replication: int = 1) -> list[str]:
+async def create_topics(
+    bootstrap: str,
+    wanted: dict[str, int],
+    replication: int = 1,
+    *,
+    security: KafkaSecuritySettings | None = None,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[str]:
     """Create the topics that do not exist yet; returns the names created.
 
-    An existing topic with another partition count is an error: co-partitioning would break.
+    ``configs`` gives some topics their topic configs (e.g. ``cleanup.policy``). An existing
+    topic with another partition count is an error: co-partitioning would break.
     """
-    client = admin(bootstrap)
+    configs = configs or {}
+    client = admin(bootstrap, security)
     try:
         await client.start()
     except Exception as exc:
@@ -74,7 +98,11 @@ async def create_topics(bootstrap: str, wanted: dict[str, int], replication: int
                         f"topic {name} has {have} partitions, the settings say {wanted[name]} "
                         "(kafka.partitions): co-partitioned topics must agree"
                     )
-        missing = [NewTopic(t, n, replication) for t, n in wanted.items() if t not in existing]
+        missing = [
+            NewTopic(t, n, replication, topic_configs=dict(configs.get(t, {})))
+            for t, n in wanted.items()
+            if t not in existing
+        ]
         if missing:
             try:
                 await client.create_topics(missing)
@@ -85,9 +113,14 @@ async def create_topics(bootstrap: str, wanted: dict[str, int], replication: int
         await client.close()
 
 
-async def ensure_compacted(bootstrap: str, topic: str, replication: int) -> None:
+async def ensure_compacted(
+    bootstrap: str,
+    topic: str,
+    replication: int,
+    security: KafkaSecuritySettings | None = None,
+) -> None:
     """Create a compacted single-partition topic (``<p>.replayed``) unless it exists."""
-    client = admin(bootstrap)
+    client = admin(bootstrap, security)
     await client.start()
     try:
         if topic not in set(await client.list_topics()):
@@ -101,9 +134,11 @@ async def ensure_compacted(bootstrap: str, topic: str, replication: int) -> None
         await client.close()
 
 
-async def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
+async def topic_partitions(
+    bootstrap: str, security: KafkaSecuritySettings | None = None
+) -> dict[str, list[int]]:
     """Every topic of the cluster with its partitions (without creating any)."""
-    client = admin(bootstrap)
+    client = admin(bootstrap, security)
     try:
         await client.start()
     except Exception as exc:
@@ -112,6 +147,56 @@ async def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
         names = await client.list_topics()
         described = await client.describe_topics(list(names)) if names else []
         return {d["topic"]: sorted(p["partition"] for p in d["partitions"]) for d in described}
+    finally:
+        await client.close()
+
+
+async def wait_until_ready(
+    bootstrap: str,
+    topics: Iterable[str],
+    *,
+    group_id: str | None = None,
+    security: KafkaSecuritySettings | None = None,
+    timeout: float = 30.0,
+) -> None:
+    """Wait until every partition of ``topics`` has a leader and the coordinator of
+    ``group_id`` answers.
+
+    Right after topics are created, or on a fresh cluster (whose ``__consumer_offsets`` topic
+    the first group lookup creates), a worker's clients would meet "topic not found" and
+    "coordinator not available" answers and log them as errors while they retry. Asking here
+    first, quietly, keeps a healthy start free of ERROR lines.
+    """
+    names = list(topics)
+    client = admin(bootstrap, security)
+    deadline = time.monotonic() + timeout
+    try:
+        await client.start()
+    except Exception as exc:
+        raise BrokerError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+    try:
+        while True:
+            described = await client.describe_topics(names) if names else []
+            waiting = [
+                d["topic"]
+                for d in described
+                if d["error_code"] != 0 or any(p["leader"] < 0 for p in d["partitions"])
+            ]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise BrokerError(f"topics without a leader after {timeout:g}s: {waiting}")
+            await asyncio.sleep(0.2)
+        while group_id is not None:
+            try:
+                await client.find_coordinator(group_id)
+                break
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise BrokerError(
+                        f"no coordinator for consumer group {group_id} (app_id): {exc}"
+                    ) from exc
+            await asyncio.sleep(0.2)
     finally:
         await client.close()
 

@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import faust
+from mode.utils.times import want_seconds
 
 from ..codec import SchemaRegistry
 from ..core.assemble import Assembler
@@ -55,6 +56,7 @@ from ..core.reward_join import RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
 from ..core.select import Strategy, build_strategy
 from ..errors import RecordError, TrinityError
+from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
@@ -142,13 +144,7 @@ class Pipeline:
         self._ledger_lock = asyncio.Lock()
         self._http_slots = asyncio.Semaphore(settings.trinity.max_connections)
         self.worker_name = f"{socket.gethostname()}:{os.getpid()}"
-        self._trinity_factory = trinity or (
-            lambda: TrinityClient(
-                settings.trinity.url,
-                timeout=settings.trinity.timeout_s,
-                max_connections=settings.trinity.max_connections,
-            )
-        )
+        self._trinity_factory = trinity or (lambda: TrinityClient.from_settings(settings.trinity))
         self._trinity: TrinityClient | None = None
         self.stats: Counter[str] = Counter()
         self.app = self._build(bootstrap)
@@ -192,6 +188,7 @@ class Pipeline:
             web_enabled=False,
             producer_acks=-1,
             broker_commit_interval=1.0,
+            broker_credentials=faust_credentials(s.kafka.security),
         )
 
         def raw_topic(name: str, partitions: int) -> faust.TopicT:
@@ -313,6 +310,24 @@ class Pipeline:
                 logging.getLogger(noisy).setLevel(logging.WARNING)
 
         return app
+
+    def changelog_topics(self) -> dict[str, tuple[int, dict[str, str]]]:
+        """The tables' changelog topics, as faust would create them: name -> (partitions,
+        topic configs). Created before the worker starts, so that its first assignment finds
+        them in the cluster's metadata (faust creates them only moments before it subscribes)."""
+        out: dict[str, tuple[int, dict[str, str]]] = {}
+        for table in self.app.tables.values():
+            topic = table.changelog_topic
+            flags = [
+                f for f, on in (("compact", topic.compacting), ("delete", topic.deleting)) if on
+            ]
+            config = {"cleanup.policy": ",".join(flags)} if flags else {}
+            if topic.retention:
+                config["retention.ms"] = str(int(want_seconds(topic.retention) * 1000))
+            config.update({k: str(v) for k, v in (topic.config or {}).items()})
+            partitions = topic.partitions or self.settings.kafka.partitions
+            out[topic.get_topic_name()] = (partitions, config)
+        return out
 
     @property
     def trinity(self) -> TrinityClient:

@@ -433,7 +433,7 @@ async def run_replay(
 
     names = Topics(prefix, settings.kafka.partitions)
     try:
-        topics = await kafka.topic_partitions(bootstrap)
+        topics = await kafka.topic_partitions(bootstrap, settings.kafka.security)
     except BrokerError as exc:
         raise ReplayError(str(exc)) from exc
     if names.agent_events not in topics:
@@ -442,7 +442,9 @@ async def run_replay(
             f"kafka.topic_prefix={prefix!r} [TRAJSTREAM_KAFKA__TOPIC_PREFIX]"
         )
     # no group: nothing is committed anywhere, and the live group never sees this consumer
-    consumer = kafka.consumer(bootstrap, group_id=None, client_id=client_id)
+    consumer = kafka.consumer(
+        bootstrap, settings.kafka.security, group_id=None, client_id=client_id
+    )
     await consumer.start()
     # let the consumer's background task start: stopping it before it ran raises
     # CancelledError out of aiokafka's stop() (no-group mode)

@@ -217,18 +217,10 @@ async def send_to_trinity(
 
     assert result.plan is not None
     topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).replayed
-    await kafka.ensure_compacted(bootstrap, topic, settings.kafka.replication_factor)
-    producer = kafka.producer(bootstrap, client_id=client_id)
-    trinity = (
-        trinity_factory
-        or (
-            lambda: TrinityClient(
-                settings.trinity.url,
-                timeout=settings.trinity.timeout_s,
-                max_connections=settings.trinity.max_connections,
-            )
-        )
-    )()
+    security = settings.kafka.security
+    await kafka.ensure_compacted(bootstrap, topic, settings.kafka.replication_factor, security)
+    producer = kafka.producer(bootstrap, security, client_id=client_id)
+    trinity = (trinity_factory or (lambda: TrinityClient.from_settings(settings.trinity)))()
     policy = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
     state = result.ledger.model_copy(deep=True) if result.ledger else LedgerState()
 

@@ -11,7 +11,6 @@ import pytest
 from google.protobuf import json_format
 from hypothesis import given
 from hypothesis import strategies as st
-from streams.core.assembly import SEQ_SPACE, Limits, add_event, close, closed_reason, new_pending, step_order
 
 from streams.capture.otlp import (
     Mapped,
@@ -22,6 +21,15 @@ from streams.capture.otlp import (
     map_request,
     seq_of,
     spans_of,
+)
+from streams.core.assembly import (
+    SEQ_SPACE,
+    Limits,
+    add_event,
+    close,
+    closed_reason,
+    new_pending,
+    step_order,
 )
 from streams.models import AgentCall, CallPhase, CallStatus, Completion, StepKind
 from streams.select import SamplingRate

@@ -1,4 +1,4 @@
-"""Unit tests of streams.core.assembly: applying events to an open call, closing it, the trajectory."""
+"""Unit tests of streams.core.assembly: applying events to a call, closing it, the trajectory."""
 
 from __future__ import annotations
 

@@ -273,3 +273,48 @@ def test_a_recorded_pid_that_is_not_a_broker_is_never_signalled(tmp_path: Path) 
 def test_an_unreadable_state_file_counts_as_no_broker(tmp_path: Path) -> None:
     (tmp_path / "broker.json").write_text("{not json")
     assert status(tmp_path) is None
+
+
+def test_sasl_ssl_listener_is_added_beside_plaintext(tmp_path: Path) -> None:
+    keystore = tmp_path / "server-keystore.pem"
+    props = parse_properties(
+        render_server_properties(
+            host="127.0.0.1",
+            port=40001,
+            controller_port=40002,
+            log_dir=tmp_path / "logs",
+            sasl_ssl=(40003, keystore, "alice", "pw123"),
+        )
+    )
+    assert props["listeners"] == (
+        "PLAINTEXT://127.0.0.1:40001,CONTROLLER://127.0.0.1:40002,SASL_SSL://127.0.0.1:40003"
+    )
+    assert props["advertised.listeners"] == (
+        "PLAINTEXT://127.0.0.1:40001,SASL_SSL://127.0.0.1:40003"
+    )
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"
+    assert props["listener.security.protocol.map"].endswith(",SASL_SSL:SASL_SSL")
+    assert props["sasl.enabled.mechanisms"] == "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
+    assert props["listener.name.sasl_ssl.ssl.keystore.type"] == "PEM"
+    assert props["listener.name.sasl_ssl.ssl.keystore.location"] == keystore.as_posix()
+    assert 'user_alice="pw123";' in props["listener.name.sasl_ssl.plain.sasl.jaas.config"]
+
+
+def test_certificates_name_the_hosts_and_chain_to_the_ca(tmp_path: Path) -> None:
+    import ssl
+
+    from cryptography import x509
+
+    from streams.broker import write_certificates
+
+    files = write_certificates(tmp_path, hosts=("127.0.0.1", "localhost"))
+    cert = x509.load_pem_x509_certificate(files.cert_file.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(files.cert_file, files.key_file)  # key and certificate match
+    keystore = files.keystore.read_text()
+    assert keystore.startswith("-----BEGIN PRIVATE KEY-----")  # PKCS#8, as Kafka's PEM wants
+    assert keystore.count("BEGIN CERTIFICATE") == 2
+    assert oct(files.keystore.stat().st_mode & 0o777) == "0o600"

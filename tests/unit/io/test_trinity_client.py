@@ -323,3 +323,35 @@ def test_backoff_jitter_stays_in_bounds_and_under_the_cap(seed: int) -> None:
 def test_backoff_rejects_bad_parameters(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         next(backoff_delays(**kwargs))  # type: ignore[arg-type]
+
+
+# -- https and extra headers --------------------------------------------------------------------
+
+
+async def test_extra_headers_go_with_every_request() -> None:
+    rec = Recorder()
+    trinity = TrinityClient(
+        BASE, transport=httpx.MockTransport(rec), headers={"Authorization": "Bearer t0k"}
+    )
+    async with trinity:
+        await trinity.commit()
+        await trinity.metrics()
+    assert [r.headers["authorization"] for r in rec.requests] == ["Bearer t0k"] * 2
+    assert all(r.headers["user-agent"] == "trajstream" for r in rec.requests)
+    assert "t0k" not in repr(trinity)
+
+
+def test_from_settings_reads_the_secret_headers() -> None:
+    from streams.settings import TrinitySettings
+
+    settings = TrinitySettings(headers={"X-Api-Key": "k3y"}, timeout_s=3)
+    client = TrinityClient.from_settings(settings)
+    assert client._http.headers["x-api-key"] == "k3y"
+    assert client._http.timeout.read == 3
+
+
+def test_an_unreadable_ca_file_is_a_config_error(tmp_path: Any) -> None:
+    junk = tmp_path / "ca.pem"
+    junk.write_text("not a certificate")
+    with pytest.raises(ConfigError, match=r"trinity.ca_file \[TRAJSTREAM_TRINITY__CA_FILE\]"):
+        TrinityClient("https://127.0.0.1:1", ca_file=junk)

@@ -1,0 +1,27 @@
+"""Unit tests of streams.cli's pure parts."""
+
+from __future__ import annotations
+
+from streams.cli import audit_table
+
+
+def test_audit_columns_fit_long_strategy_names() -> None:
+    long = "any(marked,sampling:0.25,rule:agent_name=a-support-agent-with-a-long-name)"
+    table = audit_table(
+        {
+            ("support", long, "selected", "marked"): 3,
+            ("a-much-longer-agent-name", "marked", "rejected", "unmarked,not-sampled"): 1200,
+        }
+    ).splitlines()
+    header, *rows = table
+    assert header.split() == ["agent", "strategy", "decision", "reason", "calls"]
+    # every column starts at the same offset in every line
+    for column in ("strategy", "decision", "reason"):
+        at = header.index(column)
+        assert all(row[at - 1] == " " and row[at] != " " for row in rows), (column, table)
+    assert rows[1].split()[1] == long
+    assert len({len(line) for line in table}) == 1  # counts right-aligned in one column
+
+
+def test_audit_table_without_decisions_is_the_header() -> None:
+    assert audit_table({}).split() == ["agent", "strategy", "decision", "reason", "calls"]
