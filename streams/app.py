@@ -72,6 +72,8 @@ from .models import (
     UserFeedback,
     utcnow,
 )
+from .observe.metrics import Metrics, lag_of
+from .observe.web import ObserveServer
 from .pending import PendingCodec
 from .rewards import Rewarder, build_rewarder
 from .select import Strategy, build_strategy
@@ -151,6 +153,14 @@ class Pipeline:
         )
         self._trinity: TrinityClient | None = None
         self.stats: Counter[str] = Counter()
+        t = self.topics
+        self.metrics = Metrics(
+            worker=self.worker_name,
+            app_id=settings.app_id,
+            inputs=(t.agent_events, t.ticks, t.trajectories, t.user_feedback, t.rewarded, t.ledger),
+        )
+        o = settings.observe
+        self.server = ObserveServer(self.metrics, o.host, o.port).bind() if o.port else None
         self.app = self._build(bootstrap)
 
     # -- the Faust application ---------------------------------------------------------------
@@ -212,6 +222,7 @@ class Pipeline:
         # outside a stream (Faust otherwise takes the partition from the current event, and
         # its use_partitioner option needs producer metadata it may not have yet).
         self.ledger.partition_for_key = lambda key: 0  # type: ignore[method-assign]
+        self.metrics.watch_open_calls(lambda: len(self.pending))
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
         @app.agent(
@@ -272,8 +283,27 @@ class Pipeline:
             tick = self.codec.encode(Tick(at=utcnow(), source=self.worker_name))
             await self.t_ledger.send(value=tick, partition=0)
 
+        @app.timer(s.observe.lag_interval_s)
+        async def lag_sampler() -> None:
+            self.metrics.consumer_lag(_consumer_lag(app.consumer))
+
+        @app.task
+        async def observe_server() -> None:
+            if self.server is not None:
+                log.info("metrics and health on %s (/metrics /healthz /readyz)", self.server.url)
+                await self.server.start()
+
+        @app.on_partitions_revoked.connect
+        async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
+            self.metrics.partitions_revoked()
+
+        @app.on_rebalance_complete.connect
+        async def _recovered(app: faust.App, **_: Any) -> None:
+            self.metrics.tables_recovered()
+
         @app.on_partitions_assigned.connect
         async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
+            self.metrics.partitions_assigned(assigned)
             self._abandon.clear()
             self._forget.clear()
             self._grace.clear()
@@ -283,6 +313,8 @@ class Pipeline:
             await self.final_commit()
             if self._trinity is not None:
                 await self._trinity.aclose()
+            if self.server is not None:
+                await self.server.stop()
 
         @app.on_after_configured.connect
         def _quiet(app: faust.App, **_: Any) -> None:  # pragma: no cover - logging only
@@ -301,6 +333,7 @@ class Pipeline:
 
     async def _guard(self, stage: str, event: Any, handler: Callable[[Any], Any]) -> None:
         """Run one handler; anything it cannot handle becomes a dead letter, never a crash."""
+        self.metrics.event_in(event.message.topic)
         try:
             await handler(event)
         except RecordError as exc:
@@ -347,6 +380,7 @@ class Pipeline:
         payload: bytes | None = None,
     ) -> None:
         self.stats[f"dead_letters.{stage}"] += 1
+        self.metrics.dead_letter(stage)
         record = self._letter(
             stage,
             str(exc) or type(exc).__name__,
@@ -429,6 +463,7 @@ class Pipeline:
         )
         self._index(self._forget, state.partition).set(key, now + self.late_retention)
         self.stats[f"calls.{'selected' if selection.selected else 'rejected'}"] += 1
+        self.metrics.decision(selection)
         if reason != "ended":
             log.info("call %s closed: %s (%s)", state.call_id, reason, selection.reason)
         view = view_of(state)
@@ -450,6 +485,7 @@ class Pipeline:
     async def _late(self, event: Any, closed: ClosedCall) -> None:
         """An event for a call that already closed: recorded, never applied, never dropped."""
         self.stats["events.late"] += 1
+        self.metrics.late_event()
         reason = (
             f"arrived after call {closed.call_id} closed at {closed.closed_at.isoformat()} "
             f"({closed.reason}); late, or redelivered after a restart"
@@ -589,17 +625,21 @@ class Pipeline:
                     )
                 break
             except TrinityUnavailable as exc:
+                self.metrics.trinity_error("feedback", exc)
                 if time.monotonic() - started + delay > max_age:
                     raise RecordError(
                         f"Trinity unavailable for {max_age:g}s ({attempts} attempts): {exc}"
                     ) from exc
                 self.stats["feedback.retries"] += 1
+                self.metrics.feedback_retry()
                 if attempts == 1 or attempts % 10 == 0:
                     log.warning("feedback for %s: %s; retrying", rewarded.call_id, exc)
                 await asyncio.sleep(delay)
             except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
+                self.metrics.trinity_error("feedback", exc)
                 raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
         self.stats["feedback.acked"] += 1
+        self.metrics.feedback_acked(time.monotonic() - started)
         ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
         await self.t_ledger.send(
             key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
@@ -617,6 +657,7 @@ class Pipeline:
             final = False
             now = utcnow()
             for event in events:
+                self.metrics.event_in(event.message.topic)
                 offset = event.message.offset
                 if offset <= state.applied_offset:
                     # applied before a restart: the table restored from the changelog has it
@@ -646,14 +687,17 @@ class Pipeline:
 
     def _save_ledger(self, state: LedgerState) -> None:
         self.ledger[LEDGER_KEY] = self.codec.encode(state)
+        self.metrics.ledger(state)
 
     async def _ledger_decisions(self, state: LedgerState, *, final: bool) -> None:
         now = utcnow()
         summaries = due_windows(state, now, self.ledger_cfg)
         for summary in summaries:
             key = f"{summary.agent_name}|{summary.model}|{summary.window_start.isoformat()}"
+            self.metrics.window(summary)
             await self.t_windows.send(key=key.encode(), value=self.codec.encode(summary))
         for alert in drift_alerts(state, summaries, now, self.ledger_cfg):
+            self.metrics.drift_alert(alert)
             log.warning(
                 "reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
                 alert.agent_name,
@@ -678,6 +722,7 @@ class Pipeline:
             metrics = await self.trinity.metrics()
         except TrinityError as exc:
             log.warning("commit %d postponed: %s", plan.seq, exc)
+            self.metrics.trinity_error("metrics", exc)
             self.stats["commit.failures"] += 1
             return
         plan.step_before = _explore_step(metrics)
@@ -715,6 +760,7 @@ class Pipeline:
         except TrinityError as exc:
             # the plan stays pending: the next ledger record resolves it
             log.warning("commit %d failed: %s; will retry", plan.seq, exc)
+            self.metrics.trinity_error("commit", exc)
             self.stats["commit.failures"] += 1
             return
         experiences = None
@@ -732,6 +778,7 @@ class Pipeline:
             step = _explore_step(await self.trinity.metrics())
         except TrinityError as exc:
             log.warning("cannot resolve commit %d yet: %s", plan.seq, exc)
+            self.metrics.trinity_error("metrics", exc)
             return
         if plan.step_before is not None and step is not None and step > plan.step_before:
             log.info(
@@ -758,6 +805,7 @@ class Pipeline:
     ) -> None:
         record = commit_done(state, plan, answer, sent=sent, experiences=experiences)
         self.stats["commits" if sent else "commits.not_sent"] += 1
+        self.metrics.commit(sent=sent)
         log.info(
             "commit %d%s: %d feedbacks",
             record.commit_seq,
@@ -797,6 +845,17 @@ def _explore_step(metrics: dict[str, Any]) -> int | None:
 def _metric(metrics: dict[str, Any], name: str) -> int | None:
     value = metrics.get(name)
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _consumer_lag(consumer: Any) -> dict[tuple[str, int], int]:
+    """Lag per assigned partition: the highwater the fetcher last saw minus the offset the
+    group last committed (Faust's own record of it, read from Kafka at every assignment)."""
+    try:
+        assignment = consumer.assignment()
+    except Exception:  # not started yet, or between assignments
+        return {}
+    committed = getattr(consumer, "_committed_offset", {})
+    return lag_of(assignment, consumer.highwater, committed.get)
 
 
 def _where(event: Any) -> str:

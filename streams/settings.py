@@ -96,6 +96,23 @@ class CommitSettings(_Section):
     tick_s: PositiveFloat = 1.0
 
 
+class ObserveSettings(_Section):
+    host: str = Field(
+        default="0.0.0.0",  # a scraper reaches the worker from outside its host or pod
+        min_length=1,
+        description="address of the worker's /metrics, /healthz and /readyz server",
+    )
+    port: int = Field(
+        default=9640,
+        ge=0,
+        le=65535,
+        description="port of that server; 0 turns it off (one port per worker on a host)",
+    )
+    lag_interval_s: PositiveFloat = Field(
+        default=10.0, description="how often the worker samples its consumer lag"
+    )
+
+
 class Settings(BaseSettings):
     """Every setting of trajstream, with its environment variable in brackets in the README."""
 
@@ -117,6 +134,7 @@ class Settings(BaseSettings):
     reward: RewardSettings = Field(default_factory=RewardSettings)
     windows: WindowSettings = Field(default_factory=WindowSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
+    observe: ObserveSettings = Field(default_factory=ObserveSettings)
     config: Path | None = Field(default=None, validation_alias=AliasChoices("TRAJSTREAM_CONFIG"))
 
     @field_validator("cache_dir", "data_dir")
