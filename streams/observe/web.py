@@ -26,8 +26,11 @@ from .metrics import CONTENT_TYPE, Metrics
 __all__ = ["ObserveServer", "bind_socket"]
 
 
-def bind_socket(host: str, port: int, setting: str = "observe.port") -> socket.socket:
-    """A listening TCP socket on host:port, or a ConfigError naming ``setting``."""
+SETTING = "bad setting observe.port [TRAJSTREAM_OBSERVE__PORT]"
+
+
+def bind_socket(host: str, port: int, setting: str = SETTING) -> socket.socket:
+    """A listening TCP socket on host:port, or a ConfigError that starts with ``setting``."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -40,16 +43,13 @@ def bind_socket(host: str, port: int, setting: str = "observe.port") -> socket.s
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        env = "TRAJSTREAM_" + setting.upper().replace(".", "__")
         hint = (
             "another process uses it: give each worker on a host its own port, or 0 to turn "
             "the server off"
             if exc.errno == errno.EADDRINUSE
             else str(exc)
         )
-        raise ConfigError(
-            f"bad setting {setting} [{env}]: cannot listen on {host}:{port}: {hint}"
-        ) from exc
+        raise ConfigError(f"{setting}: cannot listen on {host}:{port}: {hint}") from exc
     sock.setblocking(False)
     return sock
 
