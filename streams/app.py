@@ -287,12 +287,6 @@ class Pipeline:
         async def lag_sampler() -> None:
             self.metrics.consumer_lag(_consumer_lag(app.consumer))
 
-        @app.task
-        async def observe_server() -> None:
-            if self.server is not None:
-                log.info("metrics and health on %s (/metrics /healthz /readyz)", self.server.url)
-                await self.server.start()
-
         @app.on_partitions_revoked.connect
         async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
             self.metrics.partitions_revoked()

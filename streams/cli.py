@@ -107,13 +107,17 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)
-    pipeline = Pipeline(settings, bootstrap=bootstrap)
+    pipeline = Pipeline(settings, bootstrap=bootstrap)  # binds observe.port (or fails here)
+    loop = _event_loop()
+    if pipeline.server is not None:  # serving from the start: /healthz answers during recovery
+        url = loop.run_until_complete(pipeline.server.start())
+        log.info("metrics and health on %s (/metrics /healthz /readyz)", url)
     worker = faust.Worker(
         pipeline.app,
         loglevel=settings.log_level,
         quiet=True,
         redirect_stdouts=False,
-        loop=_event_loop(),
+        loop=loop,
     )
     worker.execute_from_commandline()  # exits the process when the worker stops
     return 0

@@ -7,8 +7,9 @@ What is read, and from where (nothing is written, no consumer group is joined):
 - lag per topic: the group's committed offsets (OffsetFetch) against the end offsets, read twice
   ``sample_gap_s`` apart, so that a growing lag and stalled commits can be told;
 - open calls: calls with events on ``<p>.agent-events`` in the last ``assembly.abandon_after_s``
-  (+1 min) and no record on ``<p>.decisions`` or ``<p>.late-events`` since: open at a worker, or
-  not read yet. Only record keys are read (every record is keyed by its call_id);
+  (+1 min) and no record on ``<p>.decisions``, ``<p>.late-events`` or ``<p>.dead-letters``
+  since: open at a worker, or not read yet. Only record keys are read (every record is keyed
+  by its call_id);
 - the last commits (``<p>.commits``), dead letters, late events and drift alerts of the last
   hour (``<p>.dead-letters``, ``<p>.late-events``, ``<p>.alerts``).
 
@@ -459,9 +460,11 @@ async def _rewarded_since(
 
 
 async def _open_calls(r: TopicReader, topics: Topics, at: datetime) -> int | None:
-    """Calls with events since ``at`` and no decision (nor late event) since: keys only."""
+    """Calls with events since ``at`` and no decision since (nor a late event or dead letter
+    with their key: those were handled, not held open); reads keys only."""
     seen: dict[str, set[bytes]] = {}
-    for topic in (topics.agent_events, topics.decisions, topics.late_events):
+    closed = (topics.decisions, topics.late_events, topics.dead_letters)
+    for topic in (topics.agent_events, *closed):
         if not r.exists(topic):
             seen[topic] = set()
             continue
@@ -471,7 +474,7 @@ async def _open_calls(r: TopicReader, topics: Topics, at: datetime) -> int | Non
         if sum(ends[tp] - starts[tp] for tp in tps) > OPEN_CALL_SCAN_LIMIT:
             return None
         seen[topic] = {m.key for m in await r.read({tp: (starts[tp], ends[tp]) for tp in tps})}
-    return len(seen[topics.agent_events] - seen[topics.decisions] - seen[topics.late_events])
+    return len(seen[topics.agent_events].difference(*(seen[t] for t in closed)))
 
 
 # -- what needs attention ----------------------------------------------------------------------
