@@ -73,6 +73,7 @@ from .models import (
     utcnow,
 )
 from .observe.metrics import Metrics, lag_of
+from .observe.pages import StatusPages
 from .observe.web import ObserveServer
 from .pending import PendingCodec
 from .rewards import Rewarder, build_rewarder
@@ -160,7 +161,10 @@ class Pipeline:
             inputs=(t.agent_events, t.ticks, t.trajectories, t.user_feedback, t.rewarded, t.ledger),
         )
         o = settings.observe
-        self.server = ObserveServer(self.metrics, o.host, o.port).bind() if o.port else None
+        pages = StatusPages(settings, bootstrap).routes if o.status_page else None
+        self.server = ObserveServer(self.metrics, o.host, o.port, routes=pages) if o.port else None
+        if self.server is not None:
+            self.server.bind()  # a busy port fails here, at start, naming the setting
         self.app = self._build(bootstrap)
 
     # -- the Faust application ---------------------------------------------------------------

@@ -111,6 +111,10 @@ class ObserveSettings(_Section):
     lag_interval_s: PositiveFloat = Field(
         default=10.0, description="how often the worker samples its consumer lag"
     )
+    status_page: bool = Field(
+        default=False,
+        description="also serve the status page (/, /calls/..., /status.json) on that port",
+    )
 
 
 class Settings(BaseSettings):

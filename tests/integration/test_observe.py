@@ -116,6 +116,7 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
         TRAJSTREAM_OBSERVE__HOST="127.0.0.1",
         TRAJSTREAM_OBSERVE__PORT=port,
         TRAJSTREAM_OBSERVE__LAG_INTERVAL_S=1,
+        TRAJSTREAM_OBSERVE__STATUS_PAGE="true",
     )
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(timeout=5) as client:
@@ -183,6 +184,11 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
         if n == "trajstream_reward_window_mean"
     }
     assert set(windows) <= set(list(AGENTS)[:2]) and all(0 <= v <= 1 for v in windows.values())
+
+    async with httpx.AsyncClient(timeout=30) as client:  # the page, served by the worker too
+        served = (await client.get(f"{url}/status.json")).json()
+    assert [m["host"] for m in served["members"]] == ["127.0.0.1"]
+    assert served["dead_letters"] == {"assemble": 1}
 
     env = {k: v for k, v in worker.env.items()}
     rc, out, err = await _cli(env, "status", "--json", "--gap", "1")
