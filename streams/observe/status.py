@@ -293,11 +293,12 @@ class Status:
     commit_interval_s: float
     rewarded_since_commit: int
     oldest_uncommitted_at: datetime | None
-    dead_letters: dict[str, int]
+    dead_letters: dict[str, int]  # per stage, of the newest 1000 per partition
     recent_dead_letters: list[DeadLetter]
     late_events: int
     alerts: list[DriftAlert]
     partitions: int
+    dead_letters_total: int = 0  # exact, from the offsets
     hints: list[Hint] = field(default_factory=list)
 
     @property
@@ -404,6 +405,7 @@ async def collect(
         else []
     )
     late = await _count_since(r, topics.late_events, recent_from)
+    letters_total = await _count_since(r, topics.dead_letters, recent_from)
     open_calls = await _open_calls(
         r, topics, now - timedelta(seconds=settings.assembly.abandon_after_s + 60)
     )
@@ -426,6 +428,7 @@ async def collect(
         late_events=late,
         alerts=alerts,
         partitions=settings.kafka.partitions,
+        dead_letters_total=letters_total,
     )
     status.hints = hints(status)
     return status
@@ -550,7 +553,8 @@ def hints(s: Status) -> list[Hint]:
         out.append(
             Hint(
                 "warning",
-                f"{sum(s.dead_letters.values())} dead letters in the last hour ({stages})",
+                f"{max(s.dead_letters_total, sum(s.dead_letters.values()))} dead letters in "
+                f"the last hour ({stages})",
                 f"read their reasons on {s.prefix}.dead-letters (the status page lists them); "
                 "fix the producer or the setting, then replay the source range",
             )

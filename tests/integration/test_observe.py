@@ -199,7 +199,7 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
     assert assigned[f"{prefix}.agent-events"] == [0, 1, 2, 3]
     assert assigned[f"{prefix}.ledger"] == [0]
     assert status["open_calls"] == 0
-    assert status["dead_letters"] == {"assemble": 1}
+    assert status["dead_letters"] == {"assemble": 1} and status["dead_letters_total"] == 1
     assert sum(c["feedback_count"] for c in status["commits"]) == 8
     assert any("dead letters" in h["what"] for h in status["hints"])
     assert not any(h["level"] == "error" for h in status["hints"])
