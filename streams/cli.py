@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         "drift alerts, and what needs attention",
         description="Read the deployment's topics and consumer group (nothing is written, no "
         "group is joined) and show what needs attention. Exit code 1 when a hint is an error "
-        "(no workers, stuck workers, no commit for more than 2 intervals).",
+        "(no workers, or no commit for more than 2 commit intervals while rewards wait).",
     )
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     p.add_argument(

@@ -78,9 +78,13 @@ def test_a_healthy_deployment_needs_nothing():
             "lag grew from 20 to 50 records in 2s",
         ),
         (
-            {"lag": [TopicLag("p.agent-events", 9, 9, {0: 9}, committed_moved=False)]},
-            "error",
-            "9 records wait and no offset was committed in 2s",
+            {
+                "lag": [
+                    TopicLag("p.rewarded", 9, 9, {0: 0, 1: 9}, committed_moved=True, stalled=[1])
+                ]
+            },
+            "warning",
+            "no offset committed in 2s while records wait on p.rewarded[1]",
         ),
         (
             {"rewarded_since_commit": 4, "oldest_uncommitted_at": at(3600 - 601)},
@@ -130,10 +134,15 @@ def test_no_commit_ever():
     assert any("and no commit yet" in w for w in whats(s))
 
 
+def test_a_little_lag_growth_is_noise():
+    s = snapshot(lag=[TopicLag("p.ticks", 4, 0, {0: 1, 1: 1, 2: 1, 3: 1}, committed_moved=True)])
+    assert hints(s) == []
+
+
 def test_one_sample_says_nothing_of_growth():
     s = snapshot(
         sample_gap_s=0.0,
-        lag=[TopicLag("p.agent-events", 50, 50, {0: 50}, committed_moved=False)],
+        lag=[TopicLag("p.agent-events", 50, 0, {0: 50}, committed_moved=False, stalled=[0])],
     )
     assert hints(s) == []
 
