@@ -267,6 +267,7 @@ def worker(
         TRAJSTREAM_SELECTION__STRATEGY="sampling:1",
         TRAJSTREAM_COMMIT__INTERVAL_S="5",
         TRAJSTREAM_LOG_LEVEL="warn",
+        TRAJSTREAM_OBSERVE__PORT="0",
         TRAJSTREAM_ASSEMBLY__ABANDON_AFTER_S="3600",
         **extra,
     )

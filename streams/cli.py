@@ -7,6 +7,7 @@
     trajstream otlp                           receive OpenTelemetry GenAI spans (OTLP/HTTP)
     trajstream simulate                       drive simulated agent traffic
     trajstream audit                          why calls were or were not selected
+    trajstream status [--json] [--web]        workers, lag, commits, dead letters, hints
     trajstream standin                        run the Trinity stand-in server
     trajstream demo                           the whole loop on local parts, with a summary
     trajstream replay                         re-score a range of history: dry run, Trinity, files
@@ -149,7 +150,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)
-    pipeline = Pipeline(settings, bootstrap=bootstrap)
+    pipeline = Pipeline(settings, bootstrap=bootstrap)  # binds observe.port (or fails here)
     # Before faust starts: on a fresh cluster, or right after faust creates the changelog
     # topics, its clients log "topic not found" and "coordinator not available" errors while
     # they retry, and the first assignment skips the changelogs it cannot see yet.
@@ -171,13 +172,17 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             security=settings.kafka.security,
         )
 
-    asyncio.run(prepare())
+    loop = _event_loop()
+    loop.run_until_complete(prepare())
+    if pipeline.server is not None:  # serving from the start: /healthz answers during recovery
+        url = loop.run_until_complete(pipeline.server.start())
+        log.info("metrics and health on %s (/metrics /healthz /readyz)", url)
     worker = faust.Worker(
         pipeline.app,
         loglevel=settings.log_level,
         quiet=True,
         redirect_stdouts=False,
-        loop=_event_loop(),
+        loop=loop,
     )
     worker.execute_from_commandline()  # exits the process when the worker stops
     return 0
@@ -339,6 +344,25 @@ def audit_table(counts: Mapping[tuple[str, str, str, str], int]) -> str:
         cells = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)]
         lines.append(" ".join([*cells, row[-1].rjust(max(widths[-1], 7))]))
     return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from .observe.status import collect, render
+
+    bootstrap = resolve_bootstrap(settings)
+    if args.web:
+        from .observe.pages import serve_pages
+
+        serve_pages(settings, bootstrap, args.host, args.port)
+        return 0
+    status = asyncio.run(collect(settings, bootstrap, sample_gap_s=args.gap))
+    if args.json:
+        print(json.dumps(status.to_json(), indent=2))
+    else:
+        from rich.console import Console
+
+        render(status, Console())
+    return 1 if any(h.level == "error" for h in status.hints) else 0
 
 
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
@@ -508,6 +532,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("audit", help="count the selection decisions by agent, strategy and reason")
     p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser(
+        "status",
+        help="one screen: workers and partitions, lag, open calls, commits, dead letters, "
+        "drift alerts, and what needs attention",
+        description="Read the deployment's topics and consumer group (nothing is written, no "
+        "group is joined) and show what needs attention. Exit code 1 when a hint is an error "
+        "(no workers, or no commit for more than 2 commit intervals while rewards wait).",
+    )
+    p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="read offsets twice this far apart to tell a growing lag (default 2; 0: once)",
+    )
+    p.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the status page (recent calls, trajectories, rewards, reward trend) instead",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="--web: address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9641, help="--web: port (default 9641)")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("standin", help="run the Trinity stand-in server")
     p.add_argument("--host", default="127.0.0.1")

@@ -281,6 +281,27 @@ class OtlpSettings(_Section):
     )
 
 
+class ObserveSettings(_Section):
+    host: str = Field(
+        default="0.0.0.0",  # a scraper reaches the worker from outside its host or pod
+        min_length=1,
+        description="address of the worker's /metrics, /healthz and /readyz server",
+    )
+    port: int = Field(
+        default=9640,
+        ge=0,
+        le=65535,
+        description="port of that server; 0 turns it off (one port per worker on a host)",
+    )
+    lag_interval_s: PositiveFloat = Field(
+        default=10.0, description="how often the worker samples its consumer lag"
+    )
+    status_page: bool = Field(
+        default=False,
+        description="also serve the status page (/, /calls/..., /status.json) on that port",
+    )
+
+
 class Settings(BaseSettings):
     """Every setting of trajstream, with its environment variable in brackets in the README."""
 
@@ -305,6 +326,8 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     otlp: OtlpSettings = Field(default_factory=OtlpSettings)
+
+    observe: ObserveSettings = Field(default_factory=ObserveSettings)
     config: Path | None = Field(default=None, validation_alias=AliasChoices("TRAJSTREAM_CONFIG"))
 
     @field_validator("cache_dir", "data_dir")

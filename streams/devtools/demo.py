@@ -66,6 +66,7 @@ DEMO_SETTINGS = {
     "TRAJSTREAM_COMMIT__INTERVAL_S": "5",
     "TRAJSTREAM_WINDOWS__SIZE_S": "10",
     "TRAJSTREAM_WINDOWS__GRACE_S": "8",
+    "TRAJSTREAM_OBSERVE__PORT": "0",  # the demo's worker serves no metrics (the port may be busy)
 }
 
 

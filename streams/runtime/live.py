@@ -35,6 +35,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -60,6 +61,8 @@ from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
+    SelectionDecision,
+    WindowSummary,
     DriftAlert,
     FeedbackAck,
     LedgerState,
@@ -67,6 +70,9 @@ from ..models import (
     Tick,
     utcnow,
 )
+from ..observe.metrics import Metrics, lag_of
+from ..observe.pages import StatusPages
+from ..observe.web import ObserveServer
 from ..settings import Settings
 from ..topics import Topics
 
@@ -147,6 +153,17 @@ class Pipeline:
         self._trinity_factory = trinity or (lambda: TrinityClient.from_settings(settings.trinity))
         self._trinity: TrinityClient | None = None
         self.stats: Counter[str] = Counter()
+        t = self.topics
+        self.metrics = Metrics(
+            worker=self.worker_name,
+            app_id=settings.app_id,
+            inputs=(t.agent_events, t.ticks, t.trajectories, t.user_feedback, t.rewarded, t.ledger),
+        )
+        o = settings.observe
+        pages = StatusPages(settings, bootstrap).routes if o.status_page else None
+        self.server = ObserveServer(self.metrics, o.host, o.port, routes=pages) if o.port else None
+        if self.server is not None:
+            self.server.bind()  # a busy port fails here, at start, naming the setting
         self.app = self._build(bootstrap)
         self.assembler = Assembler(
             self.strategy,
@@ -231,6 +248,7 @@ class Pipeline:
         # outside a stream (Faust otherwise takes the partition from the current event, and
         # its use_partitioner option needs producer metadata it may not have yet).
         self.ledger.partition_for_key = lambda key: 0  # type: ignore[method-assign]
+        self.metrics.watch_open_calls(lambda: len(self.pending))
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
         @app.agent(
@@ -291,8 +309,21 @@ class Pipeline:
             tick = self.codec.encode(Tick(at=utcnow(), source=self.worker_name))
             await self.t_ledger.send(value=tick, partition=0)
 
+        @app.timer(s.observe.lag_interval_s)
+        async def lag_sampler() -> None:
+            self.metrics.consumer_lag(_consumer_lag(app.consumer))
+
+        @app.on_partitions_revoked.connect
+        async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
+            self.metrics.partitions_revoked()
+
+        @app.on_rebalance_complete.connect
+        async def _recovered(app: faust.App, **_: Any) -> None:
+            self.metrics.tables_recovered()
+
         @app.on_partitions_assigned.connect
         async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
+            self.metrics.partitions_assigned(assigned)
             # the deadline indexes are rebuilt from the tables: another worker may have
             # changed them meanwhile
             self.assembler.reset()
@@ -303,6 +334,8 @@ class Pipeline:
             await self.final_commit()
             if self._trinity is not None:
                 await self._trinity.aclose()
+            if self.server is not None:
+                await self.server.stop()
 
         @app.on_after_configured.connect
         def _quiet(app: faust.App, **_: Any) -> None:  # pragma: no cover - logging only
@@ -332,7 +365,8 @@ class Pipeline:
     @property
     def trinity(self) -> TrinityClient:
         if self._trinity is None:
-            self._trinity = self._trinity_factory()
+            observed = ObservedTrinity(self._trinity_factory(), self.metrics)
+            self._trinity = observed  # type: ignore[assignment]
         return self._trinity
 
     # -- sending what the core decided ---------------------------------------------------------
@@ -341,6 +375,7 @@ class Pipeline:
         """Run one stage step on a record and send what it decided; anything it could not
         handle becomes a dead letter, never a crash."""
         src = source_of(event)
+        self.metrics.event_in(src.topic)
         try:
             out = step(src, wall_clock())
         except asyncio.CancelledError:
@@ -358,15 +393,26 @@ class Pipeline:
             partition = 0 if emit.topic == "ledger" else None
             value = self.codec.encode(emit.record)
             await topic.send(key=emit.key, value=value, partition=partition)
+            self._observe(emit.record)
         for reject in out.rejects:
             await self._reject(reject)
+
+    def _observe(self, record: Any) -> None:
+        if isinstance(record, SelectionDecision):
+            self.metrics.decision(record.selection)
+        elif isinstance(record, WindowSummary):
+            self.metrics.window(record)
+        elif isinstance(record, DriftAlert):
+            self.metrics.drift_alert(record)
 
     async def _reject(self, reject: Reject) -> None:
         record = dead_letter(reject, utcnow(), self.worker_name, self.topics.trajectories)
         if reject.late:
+            self.metrics.late_event()
             await self.t_late.send(key=record.key, value=self.codec.encode(record))
             return
         self.stats[f"dead_letters.{reject.stage}"] += 1
+        self.metrics.dead_letter(reject.stage)
         where = reject.source.where() if reject.source else f"call {record.key!r}"
         log.warning("dead letter (%s) %s: %s", reject.stage, where, record.reason)
         await self.t_dead.send(key=record.key, value=self.codec.encode(record))
@@ -397,7 +443,9 @@ class Pipeline:
 
         def retried() -> None:
             self.stats["feedback.retries"] += 1
+            self.metrics.feedback_retry()
 
+        started = time.monotonic()
         try:
             attempts, _ = await retrying(
                 send, self.retry, f"feedback for {rewarded.call_id}", on_retry=retried
@@ -407,6 +455,7 @@ class Pipeline:
         except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
             raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
         self.stats["feedback.acked"] += 1
+        self.metrics.feedback_acked(time.monotonic() - started)
         ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
         await self.t_ledger.send(
             key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
@@ -420,6 +469,8 @@ class Pipeline:
             state = self.ledger_stage.load()
             if state.pending_commit is not None:
                 await self._recorded(await resolve_commit(state, self.trinity))
+            for e in events:
+                self.metrics.event_in(e.message.topic)
             applied = self.ledger_stage.apply(state, [source_of(e) for e in events], utcnow())
             out, plan = self.ledger_stage.decide(state, utcnow(), final=applied.final)
             for alert in out.records("alerts"):
@@ -436,6 +487,7 @@ class Pipeline:
             if plan is not None:
                 await self._commit(state, plan)
             self.ledger_stage.save(state)
+            self.metrics.ledger(state)
         await self._send(applied.out)
 
     async def _commit(self, state: LedgerState, plan: CommitPlan) -> None:
@@ -452,6 +504,7 @@ class Pipeline:
         if record is None:
             return
         self.stats["commits" if record.sent else "commits.not_sent"] += 1
+        self.metrics.commit(sent=record.sent)
         log.info(
             "commit %d%s: %d feedbacks",
             record.commit_seq,
@@ -499,3 +552,37 @@ def ledger_config_of(settings: Settings) -> LedgerConfig:
         drift_fraction=settings.windows.drift_fraction,
         drift_history=settings.windows.drift_history,
     )
+
+
+class ObservedTrinity:
+    """The Trinity client with every failed request counted (``trajstream_trinity_errors_total``
+    by route and kind); it answers and raises exactly as the client does."""
+
+    def __init__(self, client: TrinityClient, metrics: Metrics) -> None:
+        self._client = client
+        self._metrics = metrics
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name not in ("feedback", "commit", "metrics"):
+            return attr
+
+        async def observed(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await attr(*args, **kwargs)
+            except TrinityError as exc:
+                self._metrics.trinity_error(name, exc)
+                raise
+
+        return observed
+
+
+def _consumer_lag(consumer: Any) -> dict[tuple[str, int], int]:
+    """Lag per assigned partition: the highwater the fetcher last saw minus the offset the
+    group last committed (Faust's own record of it, read from Kafka at every assignment)."""
+    try:
+        assignment = consumer.assignment()
+    except Exception:  # not started yet, or between assignments
+        return {}
+    committed = getattr(consumer, "_committed_offset", {})
+    return lag_of(assignment, consumer.highwater, committed.get)

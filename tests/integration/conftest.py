@@ -160,6 +160,7 @@ def workers(
         TRAJSTREAM_DATA_DIR=str(tmp_path / "data"),
         TRAJSTREAM_CACHE_DIR=str(CACHE_DIR),
         TRAJSTREAM_LOG_LEVEL="info",
+        TRAJSTREAM_OBSERVE__PORT="0",  # workers share a host: a test that wants it picks a port
         PYTHONUNBUFFERED="1",
     )
     pool = Workers(env, tmp_path)

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from streams.traffic import simulate_call
-from streams.trinity import TrinityClient
+from streams.devtools.traffic import simulate_call
+from streams.io.trinity import TrinityClient
 
 from streams.broker import LocalBroker, TlsFiles, write_certificates
 from streams.errors import TrinityRejected, TrinityUnavailable

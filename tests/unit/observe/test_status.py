@@ -1,0 +1,198 @@
+"""What ``trajstream status`` judges from a snapshot: the hints, the JSON, the screen (pure)."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from streams.models import CommitRecord, DeadLetter, DriftAlert
+from streams.observe.status import Member, Status, TopicLag, hints, render
+
+from ..factories import T0, at
+
+
+def member(n: int = 0) -> Member:
+    return Member(
+        member_id=f"m{n}",
+        client_id="faust-0.15.3",
+        host="10.0.0.1",
+        partitions={"p.agent-events": [0, 1], "p.ledger": [0], "p-pending-changelog": [0]},
+    )
+
+
+def snapshot(**kw: Any) -> Status:
+    fields: dict[str, Any] = {
+        "at": at(3600),
+        "prefix": "p",
+        "group": "p",
+        "group_state": "Stable",
+        "members": [member()],
+        "lag": [TopicLag("p.agent-events", 0, 0, {0: 0, 1: 0}, committed_moved=True)],
+        "sample_gap_s": 2.0,
+        "open_calls": 0,
+        "commits": [
+            CommitRecord(
+                commit_seq=0,
+                interval_start=T0,
+                interval_end=at(3500),
+                feedback_count=3,
+                reward_mean=0.5,
+            )
+        ],
+        "last_commit_at": at(3500),
+        "commit_interval_s": 300.0,
+        "rewarded_since_commit": 0,
+        "oldest_uncommitted_at": None,
+        "dead_letters": {},
+        "recent_dead_letters": [],
+        "late_events": 0,
+        "alerts": [],
+        "partitions": 4,
+    }
+    fields.update(kw)
+    return Status(**fields)
+
+
+def whats(s: Status) -> list[str]:
+    return [h.what for h in hints(s)]
+
+
+def test_a_healthy_deployment_needs_nothing():
+    assert hints(snapshot()) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "level", "says"),
+    [
+        ({"members": []}, "error", "no workers in consumer group p"),
+        ({"group_state": "PreparingRebalance"}, "warning", "partitions are being reassigned"),
+        ({"members": [member(i) for i in range(6)]}, "info", "2 of 6 workers have no keyed"),
+        (
+            {"lag": [TopicLag("p.agent-events", 50, 20, {0: 50}, committed_moved=True)]},
+            "warning",
+            "lag grew from 20 to 50 records in 2s",
+        ),
+        (
+            {
+                "lag": [
+                    TopicLag("p.rewarded", 9, 9, {0: 0, 1: 9}, committed_moved=True, stalled=[1])
+                ]
+            },
+            "warning",
+            "no offset committed in 2s while records wait on p.rewarded[1]",
+        ),
+        (
+            {"rewarded_since_commit": 4, "oldest_uncommitted_at": at(3600 - 601)},
+            "error",
+            "4 rewarded trajectories since the last commit at 00:58:20, the oldest 601s ago",
+        ),
+        (
+            {"dead_letters": {"assemble": 2, "feedback": 1}},
+            "warning",
+            "3 dead letters in the last hour (assemble 2, feedback 1)",
+        ),
+        (
+            {
+                "alerts": [
+                    DriftAlert(
+                        agent_name="bot",
+                        model="m",
+                        window_start=T0,
+                        window_end=at(60),
+                        mean=0.2,
+                        trailing_mean=0.9,
+                        trailing_windows=5,
+                        fraction=0.8,
+                        raised_at=at(61),
+                    )
+                ]
+            },
+            "warning",
+            "reward drift: bot/m window mean 0.200 < 0.8 x trailing 0.900",
+        ),
+    ],
+)
+def test_each_state_that_needs_attention_has_a_hint(changes, level, says):
+    found = [h for h in hints(snapshot(**changes)) if says in h.what]
+    assert found, whats(snapshot(**changes))
+    assert found[0].level == level
+    assert found[0].do  # and says what to do
+
+
+def test_uncommitted_work_within_two_intervals_is_fine():
+    s = snapshot(rewarded_since_commit=4, oldest_uncommitted_at=at(3600 - 599))
+    assert hints(s) == []
+
+
+def test_no_commit_ever():
+    s = snapshot(commits=[], last_commit_at=None, rewarded_since_commit=2, oldest_uncommitted_at=T0)
+    assert any("and no commit yet" in w for w in whats(s))
+
+
+def test_a_little_lag_growth_is_noise():
+    s = snapshot(lag=[TopicLag("p.ticks", 4, 0, {0: 1, 1: 1, 2: 1, 3: 1}, committed_moved=True)])
+    assert hints(s) == []
+
+
+def test_one_sample_says_nothing_of_growth():
+    s = snapshot(
+        sample_gap_s=0.0,
+        lag=[TopicLag("p.agent-events", 50, 0, {0: 50}, committed_moved=False, stalled=[0])],
+    )
+    assert hints(s) == []
+
+
+def test_json_is_plain_and_leaves_out_payloads():
+    letter = DeadLetter(
+        reason="bad",
+        error_type="RecordError",
+        stage="assemble",
+        source_topic="p.agent-events",
+        source_partition=0,
+        source_offset=7,
+        key=b"k",
+        payload=b"\x00secret",
+        failed_at=at(10),
+    )
+    s = snapshot(dead_letters={"assemble": 1}, recent_dead_letters=[letter])
+    s.hints = hints(s)
+    data = json.loads(json.dumps(s.to_json()))
+    assert data["recent_dead_letters"][0]["key"] == "k"
+    assert "payload" not in data["recent_dead_letters"][0]
+    assert data["total_lag"] == 0
+    assert data["at"] == at(3600).isoformat()
+    assert data["hints"][0]["level"] == "warning"
+
+
+def test_screen_shows_workers_lag_commits_and_hints():
+    s = snapshot(
+        members=[],
+        dead_letters={"assemble": 1},
+        commits=[],
+        last_commit_at=None,
+    )
+    s.hints = hints(s)
+    out = io.StringIO()
+    render(s, Console(file=out, width=120))
+    text = out.getvalue()
+    assert "workers (0)" in text and "p.agent-events" in text
+    assert "last commits: none yet" in text
+    assert "no workers in consumer group p" in text
+    assert "start one: `trajstream worker`" in text
+
+
+def test_screen_marks_the_ledger_owner():
+    s = snapshot()
+    out = io.StringIO()
+    render(s, Console(file=out, width=120))
+    assert "0,1 + ledger" in out.getvalue()
+    assert "nothing needs attention" in out.getvalue()
+
+
+def test_timestamps_are_utc():
+    assert snapshot().at.utcoffset() == timedelta(0)
