@@ -185,6 +185,11 @@ class AssemblySettings(_Section):
         default=900.0, description="how long a closed call is remembered to record late events"
     )
     tick_s: PositiveFloat = 5.0
+    max_future_s: PositiveFloat = Field(
+        default=300.0,
+        description="an event, user feedback or tick dated further ahead of the clock is a "
+        "dead letter (it would otherwise move a clock)",
+    )
 
 
 class RewardSettings(_Section):

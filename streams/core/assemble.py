@@ -6,8 +6,10 @@ marker per closed call, kept ``late_retention`` so that a late event is recorded
 twice and never dropped). The rules of assembly are in :mod:`streams.core.assembly`; this
 module applies them to records and to the clock:
 
-- :meth:`Assembler.on_record`: one record of ``<p>.agent-events`` (or a Tick of ``<p>.ticks``,
-  handed to :meth:`on_tick`: only that topic moves the clock, so no input record can);
+- :meth:`Assembler.on_record`: one record of ``<p>.agent-events`` (an AgentCall or a
+  Completion, nothing else) or a Tick of ``<p>.ticks``, handed to :meth:`on_tick`: only that
+  topic moves the clock, so no input record can; a tick or an event dated more than
+  ``limits.max_future`` ahead of the clock is a dead letter;
 - :meth:`Assembler.on_tick`: time passed on a partition: abandon calls open too long, forget
   closed calls past their retention.
 
@@ -32,7 +34,16 @@ from ..models import (
     SelectionDecision,
     Tick,
 )
-from .assembly import Applied, Deadlines, Limits, Progress, close, closed_reason, view_of
+from .assembly import (
+    Applied,
+    Deadlines,
+    Limits,
+    Progress,
+    check_not_future,
+    close,
+    closed_reason,
+    view_of,
+)
 from .effects import Out, Reject, Source
 from .pending import PendingCodec
 from .select import Strategy
@@ -90,10 +101,14 @@ class Assembler:
         out = Out()
         try:
             record = self.codec.decode(src.value)
-            if isinstance(record, Tick) and src.topic == self.ticks_topic:
+            if src.topic == self.ticks_topic:
+                if not isinstance(record, Tick):
+                    raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
+                check_not_future("tick", record.at, now, self.limits.max_future)
                 return self.on_tick(src.partition, record.at)
             if not isinstance(record, AgentCall | Completion):
                 raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
+            check_not_future("event_time", record.event_time, now, self.limits.max_future)
             self._event(src, record, now, out)
         except RecordError as exc:
             out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))

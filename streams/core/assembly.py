@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from ..errors import ValidationError
 from ..models import (
     AgentCall,
     CallPhase,
@@ -69,6 +70,18 @@ class Limits:
     max_steps: int = 256
     max_bytes: int = 1_000_000
     abandon_after: timedelta = timedelta(minutes=10)
+    max_future: timedelta = timedelta(minutes=5)
+    """How far ahead of the clock a record may be dated (agents' clocks drift a little)."""
+
+
+def check_not_future(what: str, at: datetime, now: datetime, max_future: timedelta) -> None:
+    """A record dated more than ``max_future`` after ``now`` is invalid: it would move a clock
+    (the ledger's watermark, a mark's age, a tick's deadlines) into the future."""
+    if at > now + max_future:
+        raise ValidationError(
+            f"{what} {at.isoformat()} is more than {max_future.total_seconds():g}s ahead of "
+            f"the clock ({now.isoformat()}); not applied (assembly.max_future_s)"
+        )
 
 
 def new_pending(call_id: str, now: datetime) -> PendingCall:

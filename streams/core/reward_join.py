@@ -28,7 +28,7 @@ from ..codec import SchemaRegistry
 from ..errors import RecordError, RewardError
 from ..models import AwaitingReward, Tick, Trajectory, UserFeedback
 from .assemble import check_key
-from .assembly import Deadlines
+from .assembly import Deadlines, check_not_future
 from .effects import Out, Reject, Source
 from .rewards import Rewarder
 from .store import Store
@@ -55,6 +55,7 @@ class RewardJoin:
         feedback_grace: timedelta,
         abandon_after: timedelta,
         score_incomplete: bool,
+        max_future: timedelta = timedelta(minutes=5),
         trajectories_topic: str = "trajectories",
         ticks_topic: str = "ticks",
     ) -> None:
@@ -66,6 +67,7 @@ class RewardJoin:
         self.feedback_grace = feedback_grace
         self.abandon_after = abandon_after
         self.score_incomplete = score_incomplete
+        self.max_future = max_future
         self._grace: dict[int, Deadlines] = {}
 
     def reset(self) -> None:
@@ -76,12 +78,17 @@ class RewardJoin:
         out = Out()
         try:
             record = self.codec.decode(src.value)
-            if isinstance(record, Tick) and src.topic == self.ticks_topic:
+            if src.topic == self.ticks_topic:
+                if not isinstance(record, Tick):
+                    raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
+                check_not_future("tick", record.at, now, self.max_future)
                 return self.on_tick(src.partition, record.at)
             # a trajectory only from the assemble stage's topic: no input topic can inject one
             wanted = Trajectory if src.topic == self.trajectories_topic else UserFeedback
             if not isinstance(record, wanted):
                 raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
+            if isinstance(record, UserFeedback):
+                check_not_future("event_time", record.event_time, now, self.max_future)
             self._join(src, record, now, out)
         except RecordError as exc:
             out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))

@@ -46,11 +46,10 @@ from mode.utils.times import want_seconds
 
 from ..codec import SchemaRegistry
 from ..core.assemble import Assembler
-from ..core.assembly import Limits
 from ..core.clock import wall_clock
 from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
-from ..core.ledger import CommitPlan, LedgerConfig, due_commit
+from ..core.ledger import CommitPlan, due_commit
 from ..core.ledger_stage import LedgerStage
 from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
@@ -61,13 +60,13 @@ from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
-    SelectionDecision,
-    WindowSummary,
     DriftAlert,
     FeedbackAck,
     LedgerState,
     RewardedTrajectory,
+    SelectionDecision,
     Tick,
+    WindowSummary,
     utcnow,
 )
 from ..observe.metrics import Metrics, lag_of
@@ -75,6 +74,7 @@ from ..observe.pages import StatusPages
 from ..observe.web import ObserveServer
 from ..settings import Settings
 from ..topics import Topics
+from .config import ledger_config_of, limits_of
 
 __all__ = ["Pipeline", "TableStore", "source_of"]
 
@@ -181,6 +181,7 @@ class Pipeline:
             feedback_grace=timedelta(seconds=settings.reward.feedback_grace_s),
             abandon_after=self.limits.abandon_after,
             score_incomplete=settings.reward.score_incomplete,
+            max_future=self.limits.max_future,
             trajectories_topic=self.topics.trajectories,
             ticks_topic=self.topics.ticks,
         )
@@ -532,26 +533,6 @@ class Pipeline:
                 await self.app.producer.flush()
             except Exception:  # the stop goes on; the next owner commits the batch
                 log.exception("final commit failed")
-
-
-def limits_of(settings: Settings) -> Limits:
-    return Limits(
-        max_steps=settings.assembly.max_steps,
-        max_bytes=settings.assembly.max_bytes,
-        abandon_after=timedelta(seconds=settings.assembly.abandon_after_s),
-    )
-
-
-def ledger_config_of(settings: Settings) -> LedgerConfig:
-    return LedgerConfig(
-        interval=timedelta(seconds=settings.commit.interval_s),
-        min_batch=settings.commit.min_batch,
-        commit_empty=settings.commit.commit_empty,
-        window=timedelta(seconds=settings.windows.size_s),
-        grace=timedelta(seconds=settings.windows.grace_s),
-        drift_fraction=settings.windows.drift_fraction,
-        drift_history=settings.windows.drift_history,
-    )
 
 
 class ObservedTrinity:

@@ -68,6 +68,7 @@ from ..models import (
     utcnow,
 )
 from ..topics import Topics
+from .config import limits_of
 from .replay_io import (
     SourceRecord,
     manifest,
@@ -174,6 +175,7 @@ class ReplayRunner:
                 feedback_grace=feedback_grace,
                 abandon_after=self.limits.abandon_after,
                 score_incomplete=score_incomplete,
+                max_future=self.limits.max_future,
                 trajectories_topic=self.topics.trajectories,
                 ticks_topic=self.topics.ticks,
             )
@@ -454,11 +456,7 @@ async def run_replay(
         core = ReplayRunner(
             strategy,
             rewarders,
-            limits=Limits(
-                max_steps=settings.assembly.max_steps,
-                max_bytes=settings.assembly.max_bytes,
-                abandon_after=timedelta(seconds=settings.assembly.abandon_after_s),
-            ),
+            limits=limits_of(settings),
             topics=names,
             feedback_grace=timedelta(seconds=settings.reward.feedback_grace_s),
             score_incomplete=settings.reward.score_incomplete,

@@ -22,6 +22,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from streams.traffic import AGENTS, simulate_call
+from streams.trinity import TrinityClient
 
 from streams.codec import SchemaRegistry
 from streams.models import (
@@ -38,8 +40,6 @@ from streams.models import (
 )
 from streams.sdk import TrajstreamProducer
 from streams.standin import StandIn
-from streams.traffic import AGENTS, simulate_call
-from streams.trinity import TrinityClient
 from tests.unit.factories import sample_records
 
 from .conftest import read_topic

@@ -25,12 +25,12 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
+from streams.devtools.traffic import AGENTS, simulate_call
+from streams.io.trinity import TrinityClient
 from streams.models import CommitRecord, DeadLetter, WindowSummary
 from streams.observe.pages import application
 from streams.sdk import TrajstreamProducer
 from streams.settings import Settings
-from streams.traffic import AGENTS, simulate_call
-from streams.trinity import TrinityClient
 
 from .conftest import REPO_ROOT, read_topic, wait_for
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from streams.devtools.traffic import simulate_call
-from streams.io.trinity import TrinityClient
 
 from streams.broker import LocalBroker, TlsFiles, write_certificates
+from streams.devtools.traffic import simulate_call
 from streams.errors import TrinityRejected, TrinityUnavailable
+from streams.io.trinity import TrinityClient
 from streams.sdk import TrajstreamProducer
 from streams.settings import KafkaSecuritySettings, TrinitySettings
 from streams.standin import StandIn

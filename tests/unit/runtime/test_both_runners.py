@@ -82,6 +82,7 @@ def settings_for(overrides: dict[str, Any]) -> Settings:
     base: dict[str, Any] = {
         "selection": {"strategy": "sampling:1"},
         "assembly": {"abandon_after_s": 60, "late_retention_s": 900},
+        "observe": {"port": 0},  # no metrics server in a unit test
     }
     for section, values in overrides.items():
         base.setdefault(section, {}).update(values)
@@ -190,7 +191,9 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         clock["now"] = at(until)
         await tick(at(until))
         done = await drain(done)
-        await tick(END_OF_TIME, reward_only=True)  # replay ends every grace period still running
+        # replay ends every grace period still running (straight to the stage, as replay does:
+        # no tick record may be dated that far ahead of the clock)
+        await p._send(p.reward_join.on_tick(0, END_OF_TIME))
         await drain(done)
 
     asyncio.run(main())
