@@ -45,7 +45,7 @@ import signal
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
 from ..core.select import Strategy, build_strategy
+from ..io import kafka
 from ..models import (
     AgentCall,
     CallPhase,
@@ -67,8 +68,9 @@ from ..models import (
     utcnow,
 )
 from ..settings import GatewaySettings, Settings
-from ..topics import Topics, create_topics
+from ..topics import Topics
 from .chat import StreamAssembler, llm_step, steps_of_request, to_chat_message
+from .otlp_http import add_otlp_routes
 from .publisher import Publisher
 from .routing import Route, check_routable, decide_route
 
@@ -248,6 +250,8 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._routes: dict[tuple[bool, str, str], Route] = {}
+        self.otlp_options: dict[str, Any] = {}
+        """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
         self.url = ""
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -264,7 +268,13 @@ class Gateway:
         r.add_post("/calls/{call_id}/end", self._end)
         r.add_post("/calls/{call_id}/feedback", self._feedback)
         r.add_get("/healthz", self._health)
+        # OpenTelemetry GenAI spans, the second way in: same records, same durable buffer
+        add_otlp_routes(app, self._publish_spans, **self.otlp_options)
         return app
+
+    async def _publish_spans(self, records: Sequence[AgentCall | Completion]) -> None:
+        for record in records:
+            self.publisher.publish(record)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         # no total limit (a long stream is fine); an upstream silent for timeout_s is a 504
@@ -842,11 +852,9 @@ def build_gateway(
             )
 
         def producer_factory() -> AIOKafkaProducer:
-            return AIOKafkaProducer(
-                bootstrap_servers=bootstrap,
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=5,
+            return kafka.producer(
+                bootstrap,
+                settings.kafka.security,
                 request_timeout_ms=int(settings.gateway.flush_timeout_s * 1000),
             )
 
@@ -854,7 +862,12 @@ def build_gateway(
 
     async def prepare() -> None:
         if bootstrap:
-            await create_topics(bootstrap, topics.all(), settings.kafka.replication_factor)
+            await kafka.create_topics(
+                bootstrap,
+                topics.all(),
+                settings.kafka.replication_factor,
+                security=settings.kafka.security,
+            )
 
     publisher = Publisher(
         producer_factory,
@@ -863,7 +876,14 @@ def build_gateway(
         max_buffered=settings.gateway.buffer_records,
         prepare=prepare,
     )
-    return Gateway(config, strategy, publisher)
+    gateway = Gateway(config, strategy, publisher)
+    otlp = settings.otlp
+    gateway.otlp_options = {
+        "max_body": otlp.max_body_bytes,
+        "publish_timeout": otlp.publish_timeout_s,
+        "missing_parent": otlp.missing_parent,
+    }
+    return gateway
 
 
 async def run_gateway(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:

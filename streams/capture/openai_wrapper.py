@@ -41,9 +41,10 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from ..core.select import Strategy, build_strategy
+from ..io import kafka
 from ..models import AgentCall, CallPhase, CallStatus, Completion, TrainingMark, utcnow
-from ..settings import Settings
-from ..topics import Topics, create_topics
+from ..settings import KafkaSecuritySettings, Settings
+from ..topics import Topics
 from .chat import StreamAssembler, llm_step, steps_of_request, to_chat_message
 from .publisher import Publisher
 from .routing import Route, check_routable, decide_route
@@ -66,6 +67,7 @@ class TrajstreamCapture:
         spill_dir: Path = Path(".cache/trajstream/capture-spill"),
         buffer_records: int = 10_000,
         flush_timeout_s: float = 10.0,
+        security: KafkaSecuritySettings | None = None,
     ) -> None:
         self.strategy = build_strategy(strategy) if isinstance(strategy, str) else strategy
         check_routable(self.strategy, strategy if isinstance(strategy, str) else "")
@@ -73,16 +75,12 @@ class TrajstreamCapture:
         topics = Topics(topic_prefix, partitions)
 
         def producer() -> AIOKafkaProducer:
-            return AIOKafkaProducer(
-                bootstrap_servers=bootstrap_servers,
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=5,
-                request_timeout_ms=int(flush_timeout_s * 1000),
+            return kafka.producer(
+                bootstrap_servers, security, request_timeout_ms=int(flush_timeout_s * 1000)
             )
 
         async def prepare() -> None:
-            await create_topics(bootstrap_servers, topics.all())
+            await kafka.create_topics(bootstrap_servers, topics.all(), security=security)
 
         self._loop = asyncio.new_event_loop()
         self.publisher = Publisher(

@@ -214,3 +214,33 @@ async def test_traced_agents_become_trajectories_and_one_feedback_each(
         if isinstance(r, DeadLetter)
     ]
     assert late  # the trace sent again after its call closed: recorded as late, not applied
+
+
+async def test_the_gateway_takes_otlp_spans_too(
+    kafka_bootstrap: str, prefix: str, standin: StandIn, tmp_path: Path
+) -> None:
+    """``POST /v1/traces`` on the gateway: the same mapping, through its durable buffer."""
+    from streams.capture.gateway import build_gateway
+    from streams.settings import load_settings
+
+    settings = load_settings(
+        kafka={"bootstrap_servers": kafka_bootstrap, "topic_prefix": prefix},
+        trinity={"url": standin.url},
+        gateway={"production_url": f"{standin.url}/v1", "spill_dir": str(tmp_path / "spill")},
+    )
+    gateway = build_gateway(settings)
+    url = await gateway.start("127.0.0.1", 0)
+    try:
+        agent = Agent(OTLPSpanExporter(endpoint=f"{url}/v1/traces"), standin, "gw-agent")
+        ids = await agent.run("Where is my order?")
+        assert await gateway.publisher.flush(30)
+    finally:
+        await gateway.stop()
+    events = [
+        r
+        for r in await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
+        if isinstance(r, AgentCall | Completion)
+    ]
+    steps = sorted((e for e in events if isinstance(e, Completion)), key=lambda e: e.seq)
+    assert [s.response_id for s in steps if s.response_id] == ids
+    assert {e.call_id for e in events} == {steps[0].call_id}
