@@ -74,6 +74,7 @@ from .models import (
 )
 from .pending import PendingCodec
 from .rewards import Rewarder, build_rewarder
+from .runtime import handover
 from .select import Strategy, build_strategy
 from .settings import Settings
 from .topics import Topics
@@ -158,6 +159,7 @@ class Pipeline:
     def _build(self, bootstrap: str) -> faust.App:
         s, t = self.settings, self.topics
         n = s.kafka.partitions
+        handover.install()  # before the app: no committed offset passes an unhandled record
         app = faust.App(
             s.app_id,
             broker=",".join(f"kafka://{b.strip()}" for b in bootstrap.split(",")),
