@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import faust
 
     from .app import Pipeline
+    from .settings import check_faust_environment
 
+    check_faust_environment(os.environ)
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)

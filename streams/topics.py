@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from .errors import BrokerError
+from .errors import BrokerError, ConfigError
 
 __all__ = ["Topics", "create_topics"]
 
@@ -134,10 +134,29 @@ async def create_topics(bootstrap: str, wanted: dict[str, int], replication: int
                     )
         missing = [NewTopic(t, n, replication) for t, n in wanted.items() if t not in existing]
         if missing:
+            brokers = len((await admin.describe_cluster())["brokers"])
+            if replication > brokers:
+                raise ConfigError(
+                    f"kafka.replication_factor is {replication}, but the cluster at {bootstrap} "
+                    f"has {brokers} broker{'s' if brokers != 1 else ''}: lower the setting"
+                )
             try:
-                await admin.create_topics(missing)
+                response = await admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass  # another worker created them at the same moment
+            else:
+                # the admin client returns per-topic errors instead of raising them
+                failed = [
+                    (name, code, message)
+                    for name, code, *rest in response.topic_errors
+                    for message in [rest[0] if rest else ""]
+                    if code not in (0, TopicAlreadyExistsError.errno)
+                ]
+                if failed:
+                    raise BrokerError(
+                        "Kafka refused to create "
+                        + "; ".join(f"{n}: error {c} {m or ''}".strip() for n, c, m in failed)
+                    )
         return [t.name for t in missing]
     finally:
         await admin.close()

@@ -3,7 +3,7 @@
 What it holds: :func:`install`, which patches three places of Faust's consumer and table
 recovery, once per process, before the Faust app is built; the pure offset rules it relies on
 (:func:`fetched_gaps`, :func:`committable`), tested without a broker; and test-only hooks
-(environment variables ``TRAJSTREAM_TESTONLY_*``, below) that slow agents, widen the race and
+(environment variables ``TESTONLY_TRAJSTREAM_*``, below) that slow agents, widen the race and
 record what agents handled, so an integration test can reproduce the loss every time.
 It may import faust, mode and the standard library, and nothing else of trajstream but errors.
 
@@ -54,14 +54,17 @@ transactional nor compacted.
 
 Test-only hooks (read once by :func:`install`; never set them in production):
 
-- ``TRAJSTREAM_TESTONLY_HANDOVER_UNPATCHED=1``: install only the hooks below, not the patch, to
+- ``TESTONLY_TRAJSTREAM_HANDOVER_UNPATCHED=1``: install only the hooks below, not the patch, to
   show the loss the patch prevents.
-- ``TRAJSTREAM_TESTONLY_SEEK_DELAY_S=<s>``: sleep between the seek to the committed offsets and
+- ``TESTONLY_TRAJSTREAM_SEEK_DELAY_S=<s>``: sleep between the seek to the committed offsets and
   the reset of the read offsets (inside ``perform_seek``), widening step 2.
-- ``TRAJSTREAM_TESTONLY_AGENT_DELAY_S=<s>``: every agent sleeps this long per event, so agents
+- ``TESTONLY_TRAJSTREAM_AGENT_DELAY_S=<s>``: every agent sleeps this long per event, so agents
   lag behind the fetcher as on a loaded machine.
-- ``TRAJSTREAM_TESTONLY_ACK_LOG=<path>``: append ``topic partition offset`` for every record an
+- ``TESTONLY_TRAJSTREAM_ACK_LOG=<path>``: append ``topic partition offset`` for every record an
   agent finished with (Faust's acknowledgement), to check that no committed offset passed one.
+  It sees ``Consumer.ack``, which Faust's Cython stream iterator inlines: run the worker with
+  ``NO_CYTHON=1`` (Faust's own switch) for a complete log. The patch itself works on the
+  bookkeeping both iterators share (``_acked``, ``_acked_index``, ``_gap``).
 """
 
 from __future__ import annotations
@@ -87,10 +90,10 @@ __all__ = [
 FAUST_VERSION = "0.15.3"
 """The only faust-streaming version this patch was read against and tested with."""
 
-_ENV_UNPATCHED = "TRAJSTREAM_TESTONLY_HANDOVER_UNPATCHED"
-_ENV_SEEK_DELAY = "TRAJSTREAM_TESTONLY_SEEK_DELAY_S"
-_ENV_AGENT_DELAY = "TRAJSTREAM_TESTONLY_AGENT_DELAY_S"
-_ENV_ACK_LOG = "TRAJSTREAM_TESTONLY_ACK_LOG"
+_ENV_UNPATCHED = "TESTONLY_TRAJSTREAM_HANDOVER_UNPATCHED"
+_ENV_SEEK_DELAY = "TESTONLY_TRAJSTREAM_SEEK_DELAY_S"
+_ENV_AGENT_DELAY = "TESTONLY_TRAJSTREAM_AGENT_DELAY_S"
+_ENV_ACK_LOG = "TESTONLY_TRAJSTREAM_ACK_LOG"
 
 _state: dict[str, Any] = {"patched": False, "hooks": False}
 
@@ -400,7 +403,7 @@ def _install_test_hooks(env: Mapping[str, str]) -> None:
     if ack_log:
         from faust.transport.consumer import Consumer
 
-        log: TextIO = open(ack_log, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+        log: TextIO = open(ack_log, "a", buffering=1)
         original_ack = Consumer.ack
 
         def ack(self: Any, message: Any) -> bool:

@@ -28,7 +28,9 @@ from streams.runtime.handover import committable, fetched_gaps
         (9, [5, 6], []),
     ],
 )
-def test_fetched_gaps(previous: int | None, offsets: list[int], gaps: list[tuple[int, int]]) -> None:
+def test_fetched_gaps(
+    previous: int | None, offsets: list[int], gaps: list[tuple[int, int]]
+) -> None:
     assert fetched_gaps(previous, offsets) == gaps
 
 
@@ -172,7 +174,7 @@ def test_recovery_completion_clears_queues_before_resuming_then_seeks() -> None:
 
 def test_install_refuses_another_faust_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handover.metadata, "version", lambda name: "0.16.0")
-    with pytest.raises(handover.HandoverPatchError, match="0.15.3, found 0.16.0"):
+    with pytest.raises(handover.HandoverPatchError, match=r"0\.15\.3, found 0\.16\.0"):
         handover.install({})
 
 
