@@ -221,8 +221,10 @@ def _fetch_wrapper(original: Any) -> Any:
             _learn_gaps(self, records)
         elif records:
             # a seek or rebalance happened during the fetch: its records may come from before
-            # or after it; learn nothing across records, and nothing about what follows them
-            _learn_gaps(self, records, trust_previous=False, remember=False)
+            # or after it; learn no gap from them, and nothing about what follows them
+            last = self.__dict__.setdefault("_th_last", {})
+            for key in records:
+                last.pop(key, None)
         return records, active
 
     return _wait_next_records
