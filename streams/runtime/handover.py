@@ -45,7 +45,10 @@ The patch, in the order the record flows:
   does nothing.
 - ``Consumer._new_offset`` commits only a contiguous run of acknowledged (or gap) offsets that
   starts exactly at the committed offset (0 included); a hole at the head holds the commit.
-- ``Consumer.perform_seek`` keeps a committed offset of 0 (upstream stores it as ``None``).
+- ``Consumer.perform_seek`` keeps a committed offset of 0 (upstream stores it as ``None``) and
+  never moves the committed offset back: the committed offsets it reads may predate a commit
+  made while it waited (upstream then forgets that commit; with the strict rule above, the
+  offsets committed since would be a hole that holds every later commit).
 
 What it costs: after a seek, an offset missing at the very head of the first fetch (a
 transaction marker or compacted record right at the committed offset) is not learnt as a gap and
@@ -312,9 +315,16 @@ async def _perform_seek(self: Any) -> None:
             for tp, offset in _committed_offsets.items()
         }
     )
-    committed_offsets = {
-        ensure_TP(tp): offset for tp, offset in _committed_offsets.items() if offset is not None
-    }
+    committed_offsets = {}
+    for key, offset in _committed_offsets.items():
+        if offset is None:
+            continue
+        tp = ensure_TP(key)
+        known = self._committed_offset[tp]
+        # the broker's answer may predate a commit this worker made meanwhile (its fetcher and
+        # agents ran before the seek): never move the committed offset back, or the offsets
+        # committed since would be a hole at its head and hold every later commit
+        committed_offsets[tp] = offset if known is None else max(known, offset)
     self._committed_offset.update(committed_offsets)
 
 

@@ -185,3 +185,24 @@ def test_install_patches_once() -> None:
     handover.install({})
     assert handover.installed()
     assert Consumer._new_offset is handover._new_offset
+
+
+def test_the_seek_never_moves_the_committed_offset_back() -> None:
+    """The broker's committed offsets, read at the seek, may predate this worker's own commit."""
+    from faust.types import TP
+
+    tp = TP("t", 0)
+    c = _consumer(None)
+    c._read_offset = {}
+    c._committed_offset[tp] = 40  # committed by this worker while the seek was on its way
+
+    async def seek_to_committed() -> dict[Any, int]:
+        return {tp: 15}
+
+    c.seek_to_committed = seek_to_committed
+    asyncio.run(handover._perform_seek(c))
+    assert c._committed_offset[tp] == 40
+    assert c._read_offset[tp] == 15  # records from 15 are fetched again (at-least-once)
+    _ack(c, 40, 41)
+    c._acked[tp], c._acked_index[tp] = c._acked.pop("tp"), c._acked_index.pop("tp")
+    assert handover._new_offset(c, tp) == 42
