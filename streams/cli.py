@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -145,8 +146,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from .io.kafka import create_topics, wait_until_ready
     from .runtime.live import Pipeline
+    from .settings import check_faust_environment
     from .topics import Topics
 
+    check_faust_environment(os.environ)
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "MODELS",
@@ -206,6 +206,15 @@ class UserFeedback(AvroModel):
         if v is not None and not math.isfinite(v):
             raise ValueError("rating must be a finite number")
         return v
+
+    @model_validator(mode="after")
+    def _on_its_scale(self) -> UserFeedback:
+        lo, hi = self.rating_min, self.rating_max
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi:
+            raise ValueError(f"rating scale must have rating_min < rating_max, got {lo}..{hi}")
+        if self.rating is not None and not lo <= self.rating <= hi:
+            raise ValueError(f"rating {self.rating} is outside its scale {lo}..{hi}")
+        return self
 
 
 class Selection(AvroModel):

@@ -12,9 +12,11 @@ May import: pydantic, pydantic-settings, :mod:`streams.errors`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import pydantic
 from pydantic import (
@@ -36,7 +38,14 @@ from pydantic_settings import (
 
 from .errors import ConfigError
 
-__all__ = ["KafkaSecuritySettings", "Settings", "TrinitySettings", "load_settings"]
+__all__ = [
+    "FAUST_ENV_OVERRIDES",
+    "KafkaSecuritySettings",
+    "Settings",
+    "TrinitySettings",
+    "check_faust_environment",
+    "load_settings",
+]
 
 PositiveFloat = pydantic.PositiveFloat
 PositiveInt = pydantic.PositiveInt
@@ -145,6 +154,19 @@ class KafkaSettings(_Section):
 
 class TrinitySettings(_Section):
     url: str = Field(default="http://127.0.0.1:8010", pattern=r"^https?://")
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, v: str) -> str:
+        # aiohttp/httpx would send them, or fail on every request; they do not belong in a
+        # setting that is printed by `trajstream settings` and logged
+        parts = urlsplit(v)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "a URL with credentials (user:password@) is not accepted; put the credentials "
+                "in front of Trinity (a proxy) or remove them"
+            )
+        return v
     timeout_s: PositiveFloat = 10.0
     max_connections: PositiveInt = 16
     retry_max_age_s: PositiveFloat = Field(
@@ -417,6 +439,8 @@ def _describe(exc: pydantic.ValidationError) -> str:
         dotted = ".".join(loc) or "settings"
         env = "TRAJSTREAM_" + "__".join(p.upper() for p in loc)
         value = err.get("input")
+        if isinstance(value, str):
+            value = re.sub(r"//[^/@\s]*@", "//***@", value)  # never echo URL credentials
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         if (
             isinstance(value, SecretStr)
@@ -427,3 +451,40 @@ def _describe(exc: pydantic.ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"bad setting {dotted} [{env}]: {msg}{shown}")
     return "; ".join(lines)
+
+
+# Faust reads these environment variables in faust.App's settings and lets them win over the
+# values the worker passes (faust/types/settings/base.py ``_init_settings``): each would
+# override a trajstream setting, or a value trajstream's guarantees rest on, without a word.
+FAUST_ENV_OVERRIDES: dict[str, str] = {
+    "BROKER_URL": "kafka.bootstrap_servers",
+    "BROKER_CONSUMER_URL": "kafka.bootstrap_servers",
+    "BROKER_PRODUCER_URL": "kafka.bootstrap_servers",
+    "TOPIC_PARTITIONS": "kafka.partitions",
+    "TOPIC_REPLICATION_FACTOR": "kafka.replication_factor",
+    "APP_DATADIR": "data_dir",
+    "APP_STORE": "the table store (fixed: memory, tables live in changelog topics)",
+    "TABLE_STANDBY_REPLICAS": "standby replicas (fixed: 0)",
+    "CONSUMER_AUTO_OFFSET_RESET": "the offset reset (fixed: earliest, nothing is skipped)",
+    "PRODUCER_ACKS": "producer acks (fixed: all)",
+    "BROKER_COMMIT_INTERVAL": "the offset commit interval (fixed: 1 s)",
+    "APP_WEB_ENABLED": "Faust's web server (fixed: off)",
+    "PROCESSING_GUARANTEE": "the processing guarantee (fixed: at-least-once)",
+    "APP_ENV_PREFIX": "the names of Faust's environment variables",
+}
+
+
+def check_faust_environment(environ: Mapping[str, str]) -> None:
+    """Refuse to start a worker when a Faust environment variable would override a setting.
+
+    Refusing (rather than removing the variable) keeps the deployment's environment honest: the
+    operator learns which variable to drop. Faust variables that override nothing trajstream
+    sets (e.g. ``BROKER_SESSION_TIMEOUT``) are left to Faust.
+    """
+    found = [name for name in FAUST_ENV_OVERRIDES if environ.get(name) is not None]
+    if found:
+        details = "; ".join(f"{name} would override {FAUST_ENV_OVERRIDES[name]}" for name in found)
+        raise ConfigError(
+            f"Faust environment variable set: {details}. Unset it and use the trajstream "
+            "setting (TRAJSTREAM_..., see `trajstream settings`)"
+        )

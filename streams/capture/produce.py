@@ -80,5 +80,17 @@ def parse_lines(lines: Iterable[str]) -> Parsed:
 
 
 def read_events(path: Path) -> Parsed:
-    with path.open(encoding="utf-8") as fh:
-        return parse_lines(fh)
+    """Parse a file; a line that is not UTF-8 is reported with its number, like any bad line."""
+    lines: list[str] = []
+    undecodable: list[LineError] = []
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                lines.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                reason = f"not UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+                undecodable.append(LineError(number, reason))
+                lines.append("")  # keeps the numbering; blank lines are skipped
+    parsed = parse_lines(lines)
+    parsed.errors = sorted([*parsed.errors, *undecodable], key=lambda e: e.line)
+    return parsed

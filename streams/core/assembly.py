@@ -13,7 +13,12 @@ Rules:
   between a call's seqs (:func:`step_order`). Producers that count 0, 1, 2... see plain numeric
   order; a producer that derives ``seq`` from time without shared state (the OTLP ingest) may
   cross the wrap inside a call and keep its order;
-- a call is complete at its END once it holds ``step_count`` steps (when the END says how many);
+- a call is complete when it holds its START, its END and the ``step_count`` steps the END
+  counts (any steps, when the END does not count them), whatever the order they arrived in: a
+  START that arrives last is joined, not late;
+- a call whose END counts fewer steps than arrived closes at once as ``inconsistent`` (with the
+  counts in the reason): the trajectory keeps every step, and, like any call not ``ended``, the
+  reward stage does not score it unless told to (``reward.score_incomplete``);
 - a call that stays open longer than the abandon timeout is closed as ``abandoned``;
 - a call that exceeds the step or byte limit is closed at once as ``oversized``.
 
@@ -186,14 +191,18 @@ def closed_reason(state: PendingCall | Progress, now: datetime, limits: Limits) 
         return f"oversized: more than {limits.max_steps} steps"
     if progress.bytes > limits.max_bytes:
         return f"oversized: more than {limits.max_bytes} bytes"
-    if progress.has_end:
-        expected = progress.expected_steps
-        if expected is None or steps >= expected:
+    expected = progress.expected_steps
+    if progress.has_end and progress.has_start:
+        if expected is not None and steps > expected:
+            return f"inconsistent: {steps} steps arrived, the end event counts {expected}"
+        if expected is None or steps == expected:
             return "ended"
     if now - progress.first_seen > limits.abandon_after:
         if not progress.has_end:
             return "abandoned: no end event"
-        return f"abandoned: {steps} of {progress.expected_steps} steps arrived"
+        if not progress.has_start:
+            return "abandoned: no start event"
+        return f"abandoned: {steps} of {expected} steps arrived"
     return None
 
 

@@ -590,6 +590,7 @@ class LocalBroker:
         self._requested_port = port
         self._port: int | None = port or None
         self._controller_port: int | None = None
+        self._requested_controller_port: int | None = None
         self._given_data_dir = Path(data_dir).absolute() if data_dir is not None else None
         self._data_dir: Path | None = self._given_data_dir
         self._proc: subprocess.Popen[bytes] | None = None
@@ -762,7 +763,11 @@ class LocalBroker:
             if not port_is_free(self.host, self._requested_port):
                 raise BrokerError(f"port {self.host}:{self._requested_port} is already in use")
             self._port = self._requested_port
-            self._controller_port = free_port(self.host)
+            wanted = self._requested_controller_port
+            if wanted and port_is_free(self.host, wanted):
+                self._controller_port = wanted
+            else:
+                self._controller_port = free_port(self.host)
             while self._controller_port == self._port:
                 self._controller_port = free_port(self.host)
         else:
@@ -835,6 +840,24 @@ class LocalBroker:
             secret.write_text(self._sasl_password + "\n")
             secret.chmod(0o600)
         return (self._sasl_ssl_port, self._tls.keystore, self.sasl_username, self._sasl_password)
+
+    def restart(self, timeout: float = 60) -> str:
+        """Stop the broker and start it again on the same data dir and ports.
+
+        What an operator's broker restart looks like to clients: the same address, every topic,
+        offset and committed group offset kept. Needs a ``data_dir`` given to the constructor (a
+        temporary one is deleted at stop).
+        """
+        if self._given_data_dir is None:
+            raise BrokerError("restart keeps the data: give LocalBroker a data_dir")
+        port, controller = self._port, self._controller_port
+        self.stop()
+        self._requested_port = port or 0
+        self._requested_controller_port = controller
+        deadline = time.monotonic() + timeout
+        while port and not port_is_free(self.host, port) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the old process's socket is released a moment after it exits
+        return self.start(timeout=max(1.0, deadline - time.monotonic()))
 
     def _format(self, java: str, deadline: float) -> None:
         assert self.config_file is not None and self.stdout_file is not None

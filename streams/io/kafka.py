@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from ..errors import BrokerError
+from ..errors import BrokerError, ConfigError
 from ..settings import KafkaSecuritySettings
 from .security import kafka_client_kwargs
 
@@ -104,10 +104,29 @@ async def create_topics(
             if t not in existing
         ]
         if missing:
+            brokers = len((await client.describe_cluster())["brokers"])
+            if replication > brokers:
+                raise ConfigError(
+                    f"kafka.replication_factor is {replication}, but the cluster at {bootstrap} "
+                    f"has {brokers} broker{'s' if brokers != 1 else ''}: lower the setting"
+                )
             try:
-                await client.create_topics(missing)
+                response = await client.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass  # another worker created them at the same moment
+            else:
+                # the admin client returns per-topic errors instead of raising them
+                failed = [
+                    (name, code, message)
+                    for name, code, *rest in response.topic_errors
+                    for message in [rest[0] if rest else ""]
+                    if code not in (0, TopicAlreadyExistsError.errno)
+                ]
+                if failed:
+                    raise BrokerError(
+                        "Kafka refused to create "
+                        + "; ".join(f"{n}: error {c} {m or ''}".strip() for n, c, m in failed)
+                    )
         return [t.name for t in missing]
     finally:
         await client.close()

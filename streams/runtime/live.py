@@ -74,6 +74,7 @@ from ..observe.pages import StatusPages
 from ..observe.web import ObserveServer
 from ..settings import Settings
 from ..topics import Topics
+from . import handover
 from .config import ledger_config_of, limits_of
 
 __all__ = ["Pipeline", "TableStore", "source_of"]
@@ -194,6 +195,7 @@ class Pipeline:
     def _build(self, bootstrap: str) -> faust.App:
         s, t = self.settings, self.topics
         n = s.kafka.partitions
+        handover.install()  # before the app: no committed offset passes an unhandled record
         app = faust.App(
             s.app_id,
             broker=",".join(f"kafka://{b.strip()}" for b in bootstrap.split(",")),

@@ -112,3 +112,20 @@ def test_the_demo_runs_and_agrees_with_the_standin(env):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "The summary agrees with what the stand-in received." in result.stdout
     assert "MISMATCH" not in result.stdout
+
+
+# -- settings checked against reality at start (issue 14) ---------------------------------------
+
+
+def test_a_replication_factor_above_the_broker_count_fails_naming_the_setting(env):
+    result = _run(["topics"], {**env, "TRAJSTREAM_KAFKA__REPLICATION_FACTOR": "3"}, timeout=60)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "kafka.replication_factor is 3" in result.stderr
+    assert "1 broker" in result.stderr
+    assert "created" not in result.stdout
+
+
+def test_a_faust_environment_variable_overriding_a_setting_stops_the_worker(env):
+    result = _run(["worker"], {**env, "BROKER_URL": "kafka://elsewhere:9092"}, timeout=60)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "BROKER_URL would override kafka.bootstrap_servers" in result.stderr

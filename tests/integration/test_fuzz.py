@@ -22,8 +22,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from streams.traffic import AGENTS, simulate_call
-from streams.trinity import TrinityClient
+from streams.devtools.traffic import AGENTS, simulate_call
+from streams.io.trinity import TrinityClient
 
 from streams.codec import SchemaRegistry
 from streams.models import (

@@ -196,22 +196,32 @@ completions = st.builds(
     tool_calls=st.lists(texts, max_size=3),
     latency_ms=st.none() | st.floats(min_value=0, allow_nan=False),
 )
-feedbacks = st.builds(
+
+@st.composite
+def _scale(draw: st.DrawFn) -> tuple[float | None, float, float]:
+    """A rating on its scale (rating_min < rating_max, the rating between them) or none."""
+    lo = draw(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False))
+    hi = draw(st.floats(min_value=lo, max_value=2e6, allow_nan=False, exclude_min=True))
+    rating = draw(st.none() | st.floats(min_value=lo, max_value=hi, allow_nan=False))
+    return rating, lo, hi
+
+
+feedbacks = _scale().flatmap(lambda scale: st.builds(
     UserFeedback,
     event_id=ids,
     call_id=ids,
     response_id=maybe_text,
     event_time=utc_ms,
     kind=st.sampled_from(FeedbackKind),
-    rating=st.none() | finite,
-    rating_min=finite,
-    rating_max=finite,
+    rating=st.just(scale[0]),
+    rating_min=st.just(scale[1]),
+    rating_max=st.just(scale[2]),
     thumbs_up=st.none() | st.booleans(),
     correction=maybe_text,
     preferred_response_id=maybe_text,
     user_id=maybe_text,
     comment=maybe_text,
-)
+))
 
 
 @settings(max_examples=150, deadline=None)

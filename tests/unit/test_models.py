@@ -248,3 +248,46 @@ def test_integers_the_model_accepts_fit_the_avro_type(build: Any, field: str) ->
     except pydantic.ValidationError:
         return  # refused by the model: fine
     SchemaRegistry.default().encode(record)  # accepted: must then be encodable
+
+
+# -- ratings on their scale (issue 14) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rating", "lo", "hi", "reason"),
+    [
+        (9.0, 1.0, 5.0, "rating 9.0 is outside its scale 1.0..5.0"),
+        (0.0, 1.0, 5.0, "outside its scale"),
+        (3.0, 5.0, 5.0, "rating_min < rating_max"),
+        (None, 5.0, 5.0, "rating_min < rating_max"),
+        (None, 5.0, 1.0, "rating_min < rating_max"),
+    ],
+)
+def test_a_rating_off_its_scale_is_invalid(
+    rating: float | None, lo: float, hi: float, reason: str
+) -> None:
+    from streams.models import FeedbackKind, UserFeedback, utcnow
+
+    with pytest.raises(pydantic.ValidationError, match=reason):
+        UserFeedback(
+            event_id="e", call_id="c", event_time=utcnow(), kind=FeedbackKind.RATING,
+            rating=rating, rating_min=lo, rating_max=hi,
+        )
+
+
+def test_a_rating_off_its_scale_is_a_dead_letter_reason_at_decode() -> None:
+    """Published by another client, the record decodes but fails validation: the reward stage
+    turns that ValidationError into a dead letter with this reason."""
+    import fastavro  # noqa: F401 - the codec's dependency
+
+    from streams.codec import SchemaRegistry
+    from streams.errors import ValidationError
+    from streams.models import FeedbackKind, UserFeedback, utcnow
+
+    codec = SchemaRegistry.default()
+    ok = UserFeedback(
+        event_id="e", call_id="c", event_time=utcnow(), kind=FeedbackKind.RATING, rating=5.0
+    )
+    forged = ok.model_copy(update={"rating": 9.0})  # bypasses validation, like a foreign producer
+    with pytest.raises(ValidationError, match="outside its scale"):
+        codec.decode(codec.encode(forged))

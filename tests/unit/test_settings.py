@@ -353,3 +353,43 @@ def test_unknown_variables_are_config_errors(monkeypatch: pytest.MonkeyPatch, en
 def test_variables_that_are_not_settings_are_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAJSTREAM_VENV", "/somewhere")
     assert load_settings().app_id == "trajstream"
+
+
+# -- issue 14: settings that lied ---------------------------------------------------------------
+
+
+def test_a_trinity_url_with_credentials_is_refused_naming_the_setting() -> None:
+    from streams.errors import ConfigError
+    from streams.settings import load_settings
+
+    with pytest.raises(ConfigError, match=r"trinity\.url") as err:
+        load_settings(trinity={"url": "http://user:secret@trinity:8010"})
+    assert "credentials" in str(err.value)
+    assert "secret" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["BROKER_URL", "TOPIC_REPLICATION_FACTOR", "APP_STORE", "APP_ENV_PREFIX"]
+)
+def test_faust_environment_overrides_are_refused(name: str) -> None:
+    from streams.errors import ConfigError
+    from streams.settings import check_faust_environment
+
+    with pytest.raises(ConfigError, match=name):
+        check_faust_environment({name: "x"})
+
+
+def test_faust_variables_that_override_nothing_pass() -> None:
+    from streams.settings import check_faust_environment
+
+    check_faust_environment({"BROKER_SESSION_TIMEOUT": "10", "PATH": "/bin"})
+
+
+def test_the_refused_names_are_faust_settings_read_from_the_environment() -> None:
+    """Guards the list against a Faust upgrade renaming its variables."""
+    from faust.types.settings.settings import Settings as FaustSettings
+
+    from streams.settings import FAUST_ENV_OVERRIDES
+
+    read = {p.env_name for p in FaustSettings.SETTINGS.values() if p.env_name}
+    assert set(FAUST_ENV_OVERRIDES) <= read

@@ -209,3 +209,18 @@ def test_read_events_from_a_file(tmp_path: Path) -> None:
     assert [e.event_id for e in parsed.events] == ["e1", "e2", "e3"]
     assert parsed.errors == [LineError(4, parsed.errors[0].reason)]
     assert parsed.errors[0].reason.startswith("not JSON")
+
+
+def test_a_line_that_is_not_utf8_is_reported_with_its_number(tmp_path) -> None:
+    from streams.capture.produce import read_events
+
+    good = (
+        b'{"type": "agent_call", "event_id": "e1", "call_id": "c1", "phase": "START", '
+        b'"event_time": "2026-01-31T12:00:00Z"}\n'
+    )
+    bad = b'{"type": "agent_call", "x": "caf\xe9"}\n'
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(good + bad + good.replace(b"e1", b"e2"))
+    parsed = read_events(path)
+    assert [str(e) for e in parsed.errors] == ["line 2: not UTF-8: byte 0xe9 at column 33"]
+    assert [e.event_id for e in parsed.events] == ["e1", "e2"]

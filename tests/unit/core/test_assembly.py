@@ -122,12 +122,26 @@ ABANDON = LIMITS.abandon_after
         ([start()], 10, timedelta(seconds=1), None),
         ([start(), step(seq=0)], 10, ABANDON, None),  # exactly the timeout: still open
         ([start(), end()], 10, timedelta(0), "ended"),
-        ([end()], 10, timedelta(0), "ended"),  # the start is not required
+        ([end()], 10, timedelta(0), None),  # waits for its start
+        ([end()], 10, ABANDON + timedelta(seconds=1), "abandoned: no start event"),
+        ([step(seq=0), end(step_count=1)], 10, timedelta(0), None),
+        ([step(seq=0), end(step_count=1), start()], 10, timedelta(0), "ended"),  # start last
+        (
+            [start(), step(seq=0), step(seq=1), end(step_count=1)],
+            10,
+            timedelta(0),
+            "inconsistent: 2 steps arrived, the end event counts 1",
+        ),
         ([start(), end(step_count=0)], 10, timedelta(0), "ended"),
         ([start(), step(seq=0), end(step_count=2)], 10, timedelta(seconds=1), None),
         ([start(), step(seq=0), step(seq=1), end(step_count=2)], 10, timedelta(0), "ended"),
-        ([step(seq=1), end(step_count=2), step(seq=0)], 10, timedelta(0), "ended"),
-        ([step(seq=0), step(seq=1), end(step_count=1)], 10, timedelta(0), "ended"),
+        ([start(), step(seq=1), end(step_count=2), step(seq=0)], 10, timedelta(0), "ended"),
+        (
+            [start(), step(seq=0), step(seq=1), end(step_count=1)],
+            10,
+            timedelta(0),
+            "inconsistent: 2 steps arrived, the end event counts 1",
+        ),
         ([start()], 10, ABANDON + timedelta(milliseconds=1), "abandoned: no end event"),
         ([start(), step(seq=0)], 10, timedelta(hours=1), "abandoned: no end event"),
         (
@@ -156,7 +170,11 @@ ABANDON = LIMITS.abandon_after
         "open",
         "open-at-timeout",
         "ended",
-        "ended-without-start",
+        "end-waits-for-start",
+        "abandoned-no-start",
+        "steps-and-end-wait-for-start",
+        "start-last",
+        "end-counts-fewer-steps",
         "ended-zero-steps",
         "waiting-for-steps",
         "ended-all-steps",
@@ -370,11 +388,48 @@ def test_call_closes_as_ended_exactly_when_everything_has_arrived(
         else set()
     )
     needed.add(events.index(the_end))
+    starts = [i for i, e in enumerate(events) if isinstance(e, AgentCall) and e is not the_end]
+    needed.update(starts)  # no START: the call never ends, it is abandoned
     state = new_pending("c", T0)
     seen: set[int] = set()
     for index in arrivals:
         add_event(state, events[index], 10)
         seen.add(index)
         reason = closed_reason(state, T0, Limits())
-        assert (reason == "ended") == needed.issubset(seen)
+        assert (reason == "ended") == (bool(starts) and needed.issubset(seen))
         assert reason in (None, "ended")
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=call_events())
+def test_closing_at_the_first_reason_joins_every_event_whatever_the_order(
+    case: tuple[list[AgentCall | Completion], list[int]],
+) -> None:
+    """As the worker does it: close at the first reason; what comes after is late. With its
+    START, every permutation (START last included) closes once, as ``ended``, with nothing
+    late, and gives the trajectory of the in-order arrival."""
+    events, arrivals = case
+    if not any(isinstance(e, AgentCall) and e.phase.value == "START" for e in events):
+        return
+    if any(isinstance(e, AgentCall) and e.phase.value == "END" and e.step_count is None
+           for e in events):
+        return  # an END that does not count its steps closes the call with what has arrived
+    in_order = new_pending("c", T0)
+    for event in events:
+        add_event(in_order, event, 10)
+    _, expected = close(in_order, ALL, "ended")
+    state = new_pending("c", T0)
+    reason = None
+    late = []
+    for index in dict.fromkeys(arrivals):  # first arrivals; redelivery is covered above
+        if reason is not None:
+            late.append(index)
+            continue
+        add_event(state, events[index], 10)
+        reason = closed_reason(state, T0, Limits())
+    assert reason == "ended"
+    assert late == []
+    _, traj = close(state, ALL, reason)
+    assert traj is not None and expected is not None
+    assert traj.model_dump() == expected.model_dump()
+    assert traj.input_messages == start("c").input_messages  # the START's prompt

@@ -1,0 +1,428 @@
+"""A patch of faust-streaming 0.15.3 that closes the record loss at a partition hand-over.
+
+What it holds: :func:`install`, which patches three places of Faust's consumer and table
+recovery, once per process, before the Faust app is built; the pure offset rules it relies on
+(:func:`fetched_gaps`, :func:`committable`), tested without a broker; and test-only hooks
+(environment variables ``TESTONLY_TRAJSTREAM_*``, below) that slow agents, widen the race and
+record what agents handled, so an integration test can reproduce the loss every time.
+It may import faust, mode and the standard library, and nothing else of trajstream but errors.
+
+The loss, as read in the installed 0.15.3 (line numbers of that version):
+
+1. ``tables/recovery.py`` ``Recovery.on_recovery_completed`` (~649) resumes the stream
+   partitions while the fetcher and flow control already run: records are handed to the agents'
+   queues and ``Consumer._read_offset`` advances (``transport/consumer.py`` ~1223).
+2. It then seeks to the committed offsets (``Consumer.perform_seek`` ~566): the read offsets are
+   reset while deliveries go on; the records delivered between the seek and that reset advance
+   them again and are then forgotten by the reset.
+3. ``app.flow_control.resume()`` (~659) clears every agent's input queue (``mode/utils/queues.py``
+   ``FlowControlEvent.resume`` ~97; channels are built with ``clear_on_resume=True``): records
+   delivered but not yet taken vanish, never acknowledged. Fetched again, those below the read
+   offset are dropped as already read (``consumer.py`` ~1209/1226).
+4. The commit then passes them: the next delivery records a "gap" from the reset read offset to
+   its own offset (~1215), and ``Consumer._new_offset`` counts gaps as acknowledged (~1117); or a
+   hole of one record right at the committed offset passes ``min(acked) - committed > 1`` (~1140,
+   the off-by-one of faust-streaming#606; an offset of 0 even skips the test, ``if committed``).
+
+Upstream: faust-streaming/faust#596 (gaps in acked offsets that skew commits, open), #606 (the
+off-by-one, fix PR #707 not merged), #216/#217 and #221/#223 (earlier hand-over fixes whose
+order this keeps).
+
+The patch, in the order the record flows:
+
+- ``Recovery.on_recovery_completed``: the queues are cleared *before* the stream partitions are
+  resumed, never after, so no queue is cleared under records already read. Nothing of a stream
+  partition can be in a queue then (revocation cleared them, ``app/base.py`` ~1823, and the
+  partitions stayed paused). The seek still comes *after* the resume, as upstream (#217): seeking
+  first would pause every partition, and aiokafka's ``fetched_records`` reads an empty set of
+  partitions as "all" (``aiokafka/consumer/fetcher.py`` ~1221), whose records Faust drops
+  (``consumer.py`` ~758). Records delivered before the seek stay queued and are handled; the seek
+  may deliver some of them again (at-least-once; every effect here is idempotent).
+- Gaps are learnt from the fetcher, not from the read offset: an offset counts as a gap only if
+  two records returned one after the other for a partition, in one fetch epoch (no seek and no
+  rebalance in between or during the fetch), skip it; such offsets do not exist in the log
+  (compaction, transaction markers). ``Consumer._add_gap``, fed by the resettable read offset,
+  does nothing.
+- ``Consumer._new_offset`` commits only a contiguous run of acknowledged (or gap) offsets that
+  starts exactly at the committed offset (0 included); a hole at the head holds the commit.
+- ``Consumer.perform_seek`` keeps a committed offset of 0 (upstream stores it as ``None``) and
+  never moves the committed offset back: the committed offsets it reads may predate a commit
+  made while it waited (upstream then forgets that commit; with the strict rule above, the
+  offsets committed since would be a hole that holds every later commit).
+
+What it costs: after a seek, an offset missing at the very head of the first fetch (a
+transaction marker or compacted record right at the committed offset) is not learnt as a gap and
+holds that partition's commit until the worker restarts. trajstream's input topics are neither
+transactional nor compacted.
+
+Test-only hooks (read once by :func:`install`; never set them in production):
+
+- ``TESTONLY_TRAJSTREAM_HANDOVER_UNPATCHED=1``: install only the hooks below, not the patch, to
+  show the loss the patch prevents.
+- ``TESTONLY_TRAJSTREAM_SEEK_DELAY_S=<s>``: sleep between the seek to the committed offsets and
+  the reset of the read offsets (inside ``perform_seek``), widening step 2.
+- ``TESTONLY_TRAJSTREAM_AGENT_DELAY_S=<s>``: every agent sleeps this long per event, so agents
+  lag behind the fetcher as on a loaded machine.
+- ``TESTONLY_TRAJSTREAM_ACK_LOG=<path>``: append ``topic partition offset`` for every record an
+  agent finished with (Faust's acknowledgement), to check that no committed offset passed one.
+  It sees ``Consumer.ack``, which Faust's Cython stream iterator inlines: run the worker with
+  ``NO_CYTHON=1`` (Faust's own switch) for a complete log. The patch itself works on the
+  bookkeeping both iterators share (``_acked``, ``_acked_index``, ``_gap``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
+from itertools import pairwise
+from typing import Any, TextIO
+
+from ..errors import TrajstreamError
+
+__all__ = [
+    "FAUST_VERSION",
+    "HandoverPatchError",
+    "committable",
+    "fetched_gaps",
+    "install",
+    "installed",
+]
+
+FAUST_VERSION = "0.15.3"
+"""The only faust-streaming version this patch was read against and tested with."""
+
+_ENV_UNPATCHED = "TESTONLY_TRAJSTREAM_HANDOVER_UNPATCHED"
+_ENV_SEEK_DELAY = "TESTONLY_TRAJSTREAM_SEEK_DELAY_S"
+_ENV_AGENT_DELAY = "TESTONLY_TRAJSTREAM_AGENT_DELAY_S"
+_ENV_ACK_LOG = "TESTONLY_TRAJSTREAM_ACK_LOG"
+
+_state: dict[str, Any] = {"patched": False, "hooks": False}
+
+
+class HandoverPatchError(TrajstreamError):
+    """The hand-over patch cannot be applied (another faust-streaming version)."""
+
+
+# -- the offset rules, pure --------------------------------------------------------------------
+
+
+def fetched_gaps(previous: int | None, offsets: Sequence[int]) -> list[tuple[int, int]]:
+    """Offsets (inclusive ranges) that a fetch shows do not exist in the log.
+
+    ``previous`` is the offset of the record fetched just before ``offsets`` for the same
+    partition in the same fetch epoch, or ``None`` if unknown (after a seek or a rebalance).
+
+    >>> fetched_gaps(4, [7, 8, 10])
+    [(5, 6), (9, 9)]
+    >>> fetched_gaps(None, [7, 8])
+    []
+    """
+    gaps: list[tuple[int, int]] = []
+    if not offsets:
+        return gaps
+    if previous is not None and offsets[0] > previous + 1:
+        gaps.append((previous + 1, offsets[0] - 1))
+    for a, b in pairwise(offsets):
+        if b > a + 1:
+            gaps.append((a + 1, b - 1))
+    return gaps
+
+
+def committable(committed: int | None, done: Iterable[int]) -> int | None:
+    """The offset to commit: the end of the contiguous run of ``done`` offsets from ``committed``.
+
+    ``done`` holds acknowledged offsets and offsets known not to exist. ``None``: nothing to
+    commit (no run starts at ``committed``). With ``committed`` unknown, the run starts at the
+    lowest offset done, as Faust does for a partition never committed.
+
+    >>> committable(15, [16, 17])  # 15 was never handled: the hole holds the commit
+    >>> committable(15, [15, 16, 18])
+    17
+    >>> committable(0, [1])
+    """
+    offsets = sorted(set(done))
+    if not offsets:
+        return None
+    start = offsets[0] if committed is None else committed
+    if committed is not None:
+        offsets = [o for o in offsets if o >= committed]
+    nxt = start
+    for o in offsets:
+        if o != nxt:
+            break
+        nxt += 1
+    return nxt if nxt > start else None
+
+
+# -- the patch ---------------------------------------------------------------------------------
+
+
+def installed() -> bool:
+    """Whether the patch (not only the test hooks) is active in this process."""
+    return bool(_state["patched"])
+
+
+def install(environ: Mapping[str, str] | None = None) -> None:
+    """Patch Faust once per process; call before the Faust app is built.
+
+    Raises :class:`HandoverPatchError` on a faust-streaming version other than
+    :data:`FAUST_VERSION`: the patched methods are copies of that version's code.
+    """
+    env = os.environ if environ is None else environ
+    version = metadata.version("faust-streaming")
+    if version != FAUST_VERSION:
+        raise HandoverPatchError(
+            f"streams.runtime.handover patches faust-streaming {FAUST_VERSION}, found {version}: "
+            "re-read the hand-over code of that version (see this module's docstring) and "
+            "update the patch, or install faust-streaming=={FAUST_VERSION}"
+        )
+    if not _state["hooks"]:
+        _install_test_hooks(env)
+        _state["hooks"] = True
+    if env.get(_ENV_UNPATCHED) == "1" or _state["patched"]:
+        return
+    _patch()
+    _state["patched"] = True
+
+
+def _patch() -> None:
+    from faust.tables.recovery import Recovery
+    from faust.transport.consumer import Consumer
+
+    Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
+    Consumer.perform_seek = _perform_seek  # type: ignore[method-assign]
+    Consumer._new_offset = _new_offset  # type: ignore[method-assign]
+    Consumer._add_gap = _add_gap  # type: ignore[method-assign]
+    Consumer.seek = _seek_wrapper(Consumer.seek)  # type: ignore[method-assign]
+    Consumer._wait_next_records = _fetch_wrapper(  # type: ignore[method-assign]
+        Consumer._wait_next_records
+    )
+
+
+def _epoch(consumer: Any) -> tuple[int, int]:
+    """Changes at every seek and every rebalance: fetches across it are not one sequence."""
+    return (getattr(consumer, "_th_seeks", 0), consumer.app.consumer_generation_id)
+
+
+def _forget_positions(consumer: Any, tps: Iterable[Any] | None = None) -> None:
+    consumer._th_seeks = getattr(consumer, "_th_seeks", 0) + 1
+    last: dict[Any, int] = consumer.__dict__.setdefault("_th_last", {})
+    if tps is None:
+        last.clear()
+    else:
+        for tp in tps:
+            last.pop(tp, None)
+
+
+def _fetch_wrapper(original: Any) -> Any:
+    async def _wait_next_records(self: Any, timeout: float) -> Any:
+        before = _epoch(self)
+        records, active = await original(self, timeout)
+        if records and _epoch(self) == before:
+            _learn_gaps(self, records)
+        elif records:
+            # a seek or rebalance happened during the fetch: its records may come from before
+            # or after it; learn no gap from them, and nothing about what follows them
+            last = self.__dict__.setdefault("_th_last", {})
+            for key in records:
+                last.pop(key, None)
+        return records, active
+
+    return _wait_next_records
+
+
+def _learn_gaps(
+    consumer: Any,
+    records: Mapping[Any, Sequence[Any]],
+    *,
+    trust_previous: bool = True,
+    remember: bool = True,
+) -> None:
+    last: dict[Any, int] = consumer.__dict__.setdefault("_th_last", {})
+    acks_enabled_for = consumer.app.topics.acks_enabled_for
+    from faust.transport.consumer import ensure_TP
+
+    for key, recs in records.items():
+        if not recs:
+            continue
+        tp = ensure_TP(key)
+        offsets = [r.offset for r in recs]
+        previous = last.get(tp) if trust_previous else None
+        if acks_enabled_for(tp.topic):
+            committed = consumer._committed_offset[tp]
+            tree = consumer._gap[tp]
+            for lo, hi in fetched_gaps(previous, offsets):
+                if committed is not None:
+                    lo = max(lo, committed)
+                if lo <= hi:
+                    tree.addi(lo, hi + 1)
+            if tree:
+                tree.merge_overlaps()
+        if remember:
+            last[tp] = offsets[-1]
+        else:
+            last.pop(tp, None)
+
+
+async def _add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
+    """Replaces Faust's: gaps from the resettable read offset are not evidence (see above)."""
+
+
+def _new_offset(self: Any, tp: Any) -> int | None:
+    acked = self._acked[tp]
+    if not acked:
+        return None
+    acked_index = self._acked_index[tp]
+    gaps = self._gap[tp]
+    if gaps:
+        top = max(acked) + 1
+        for interval in sorted(gaps.overlap(0, top), key=lambda i: i.begin):
+            for offset in range(interval.begin, interval.end):
+                if offset not in acked_index:
+                    acked_index.add(offset)
+                    acked.append(offset)
+        gaps.chop(0, max(max(acked) + 1, top))
+    acked.sort()
+    committed = self._committed_offset[tp]
+    offset = committable(committed, acked)
+    if offset is None:
+        if committed is not None:
+            # drop what is below the committed offset: handled again after a seek, already in
+            stale = [o for o in acked if o < committed]
+            if stale:
+                del acked[: len(stale)]
+                acked_index.difference_update(stale)
+        return None
+    done = [o for o in acked if o < offset]
+    del acked[: len(done)]
+    acked_index.difference_update(done)
+    return offset
+
+
+async def _perform_seek(self: Any) -> None:
+    """Faust's ``Consumer.perform_seek``, keeping a committed offset of 0 and the fetch epoch."""
+    from faust.transport.consumer import ensure_TP
+
+    read_offset = self._read_offset
+    _forget_positions(self)
+    _committed_offsets = await self.seek_to_committed()
+    _forget_positions(self)
+    read_offset.update(
+        {
+            tp: offset if offset is not None and offset >= 0 else None
+            for tp, offset in _committed_offsets.items()
+        }
+    )
+    committed_offsets = {}
+    for key, offset in _committed_offsets.items():
+        if offset is None:
+            continue
+        tp = ensure_TP(key)
+        known = self._committed_offset[tp]
+        # the broker's answer may predate a commit this worker made meanwhile (its fetcher and
+        # agents ran before the seek): never move the committed offset back, or the offsets
+        # committed since would be a hole at its head and hold every later commit
+        committed_offsets[tp] = offset if known is None else max(known, offset)
+    self._committed_offset.update(committed_offsets)
+
+
+def _seek_wrapper(original: Any) -> Any:
+    async def seek(self: Any, partition: Any, offset: int) -> None:
+        _forget_positions(self, [partition])
+        await original(self, partition, offset)
+        _forget_positions(self, [partition])
+
+    return seek
+
+
+async def _on_recovery_completed(self: Any, generation_id: int = 0) -> None:
+    """Faust 0.15.3's ``Recovery.on_recovery_completed``; the queues are cleared first."""
+    consumer = self.app.consumer
+    self.log.info("Restore complete!")
+    await self.app.on_rebalance_complete.send()
+    self._set_recovery_ended()
+    callback_coros = [
+        asyncio.ensure_future(
+            table.on_recovery_completed(
+                self.actives_for_table[table],
+                self.standbys_for_table[table],
+            )
+        )
+        for table in self.tables.values()
+    ]
+    if callback_coros:
+        await asyncio.wait(callback_coros)
+    assignment = consumer.assignment()
+    if self.app.consumer_generation_id != generation_id:
+        self.log.warning(
+            f"Recovery rebalancing again app id "
+            f"{self.app.consumer_generation_id} param {generation_id}"
+        )
+        return
+    # The change: clear the agents' queues (flow control is already active) before any record
+    # of a stream partition can be delivered, instead of after the seek below.
+    self.app.flow_control.resume()
+    consumer.resume_partitions({tp for tp in assignment if not self._is_changelog_tp(tp)})
+    if assignment:
+        self.log.info("Seek stream partitions to committed offsets.")
+        await self._wait(consumer.perform_seek(), timeout=self.app.conf.broker_request_timeout)
+    self.completed.set()
+    self.log.dev("Resume stream partitions")
+    consumer.resume_flow()
+    await self.app._fetcher.maybe_start()
+    self.tables.on_actives_ready()
+    if not self.app.assignor.assigned_standbys():
+        self.tables.on_standbys_ready()
+    self.app.on_rebalance_end()
+    self.log.info("Worker ready")
+
+
+# -- test-only hooks ---------------------------------------------------------------------------
+
+
+def _install_test_hooks(env: Mapping[str, str]) -> None:
+    seek_delay = float(env.get(_ENV_SEEK_DELAY) or 0)
+    agent_delay = float(env.get(_ENV_AGENT_DELAY) or 0)
+    ack_log = env.get(_ENV_ACK_LOG)
+    if seek_delay > 0:
+        from faust.transport.consumer import ThreadDelegateConsumer
+
+        original_seek = ThreadDelegateConsumer.seek_to_committed
+
+        async def seek_to_committed(self: Any) -> Mapping[Any, int]:
+            result = await original_seek(self)
+            await asyncio.sleep(seek_delay)
+            return result
+
+        ThreadDelegateConsumer.seek_to_committed = seek_to_committed  # type: ignore[method-assign]
+    if agent_delay > 0:
+        import faust.streams
+
+        async def slow(value: Any) -> Any:
+            await asyncio.sleep(agent_delay)
+            return value
+
+        original_init = faust.streams.Stream.__init__
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(self, *args, **kwargs)
+            if slow not in self._processors:
+                self._processors.insert(0, slow)
+
+        faust.streams.Stream.__init__ = __init__  # type: ignore[method-assign]
+    if ack_log:
+        from faust.transport.consumer import Consumer
+
+        log: TextIO = open(ack_log, "a", buffering=1)
+        original_ack = Consumer.ack
+
+        def ack(self: Any, message: Any) -> bool:
+            first = not message.acked
+            result: bool = original_ack(self, message)
+            if first and message.acked:
+                log.write(f"{message.topic} {message.partition} {message.offset}\n")
+            return result
+
+        Consumer.ack = ack  # type: ignore[method-assign]

@@ -1,0 +1,233 @@
+"""The rejoin chaos scenario, shared by tests/integration/test_chaos.py and bench/chaos.py.
+
+Traffic runs while worker processes are stopped (SIGTERM), killed (SIGKILL), added and removed,
+with CPU load added by bounded busy-loop processes; then the pipeline settles and the check
+reads the topics: every produced event is in exactly one trajectory (its call's) or on a
+recorded topic (late-events, dead-letters), and every START's prompt reached its trajectory.
+Bounded in rounds and in time; everything it starts is stopped by it, also on failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from streams.devtools.traffic import simulate_call
+
+from streams.codec import SchemaRegistry
+from streams.errors import RecordError
+from streams.models import AgentCall, CallPhase, Completion, DeadLetter, Trajectory
+from streams.sdk import TrajstreamProducer, new_id
+
+ACTIONS = ("sigterm", "sigkill", "scale-up", "scale-down")
+
+
+class FakeChat:
+    """Completions without HTTP: the chaos is in the workers, not in Trinity."""
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"id": new_id(), "model": body["model"], "choices": [{"message": {"content": "ok"}}]}
+
+
+class RecordingProducer(TrajstreamProducer):
+    """Remembers every event it published, in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[AgentCall | Completion] = []
+
+    async def publish(self, record: Any, *, wait: bool = True) -> None:
+        await super().publish(record, wait=wait)
+        if isinstance(record, AgentCall | Completion):
+            self.sent.append(record)
+
+
+def worker_env(trinity_url: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "TRAJSTREAM_TRINITY__URL": trinity_url,
+        "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1",  # every call gets a trajectory
+        "TRAJSTREAM_KAFKA__PARTITIONS": 4,
+        "TRAJSTREAM_ASSEMBLY__ABANDON_AFTER_S": 600,  # nothing is abandoned during the run
+        "TRAJSTREAM_ASSEMBLY__TICK_S": 1,
+        "TRAJSTREAM_COMMIT__INTERVAL_S": 5,
+        "BROKER_SESSION_TIMEOUT": 10,  # a killed worker's partitions move on in seconds
+        **extra,
+    }
+
+
+def cpu_load(seconds: float, n: int = 1) -> list[subprocess.Popen[bytes]]:
+    """``n`` busy loops that end by themselves after ``seconds``."""
+    code = f"import time\nt = time.monotonic() + {seconds}\nwhile time.monotonic() < t: pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+@dataclass
+class Traffic:
+    producer: RecordingProducer
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: int = 0
+    failed: int = 0
+
+    async def run(self, pause: float, seed: int) -> None:
+        rng = random.Random(seed)
+        chat = FakeChat()
+        while not self.stop.is_set():
+            try:
+                await simulate_call(
+                    self.producer, chat, rng, agent="support-bot", fail=self.calls % 5 == 4  # type: ignore[arg-type]
+                )
+            except Exception:  # the broker is restarting: this call stays unfinished
+                self.failed += 1
+                await asyncio.sleep(1)
+            else:
+                self.calls += 1
+            await asyncio.sleep(pause)
+
+
+async def run_rounds(
+    spawn: Callable[[], Any],
+    *,
+    rounds: int,
+    seconds: float,
+    round_s: float,
+    traffic: Traffic,
+    load: int,
+    log: Callable[[str], None] = print,
+) -> Counter[str]:
+    """Up to ``rounds`` rounds (and at most ``seconds``) of the four actions, in turn."""
+    pool = [spawn()]
+    done: Counter[str] = Counter()
+    busy = cpu_load(seconds + 5, load) if load else []
+    deadline = time.monotonic() + seconds
+    try:
+        await asyncio.sleep(round_s)
+        for i in range(rounds):
+            if time.monotonic() > deadline:
+                break
+            action = ACTIONS[i % len(ACTIONS)]
+            if action == "sigterm":
+                await asyncio.to_thread(pool.pop(0).stop)
+                pool.append(spawn())
+            elif action == "sigkill":
+                await asyncio.to_thread(pool.pop(0).kill)
+                pool.append(spawn())
+            elif action == "scale-up":
+                pool.append(spawn())
+            elif len(pool) > 1:
+                await asyncio.to_thread(pool.pop(0).stop)
+            done[action] += 1
+            log(f"round {i + 1}: {action}, {len(pool)} worker(s), {traffic.calls} calls so far")
+            await asyncio.sleep(round_s)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    return done
+
+
+async def read_all(bootstrap: str, topic: str, idle_s: float = 4.0) -> list[bytes]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    out: list[bytes] = []
+    try:
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < idle_s:
+            batch = await consumer.getmany(timeout_ms=500)
+            for msgs in batch.values():
+                out.extend(m.value for m in msgs if m.value is not None)
+                idle_since = time.monotonic()
+    finally:
+        await consumer.stop()
+    return out
+
+
+@dataclass
+class Verdict:
+    events: int
+    calls: int
+    in_trajectories: int
+    recorded: int
+    problems: list[str]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.events} events of {self.calls} calls: {self.in_trajectories} in trajectories, "
+            f"{self.recorded} on late-events/dead-letters, {len(self.problems)} problem(s)"
+        )
+
+
+async def check(bootstrap: str, prefix: str, sent: list[AgentCall | Completion]) -> Verdict:
+    """Every produced event in exactly one trajectory or recorded; every START's prompt kept.
+
+    Only calls published whole (their END confirmed by the broker) count: a call cut off by the
+    end of the traffic or a failed send stays open until abandoned, as it should.
+    """
+    ended = {e.call_id for e in sent if isinstance(e, AgentCall) and e.phase is CallPhase.END}
+    sent = [e for e in sent if e.call_id in ended]
+    codec = SchemaRegistry.default()
+    trajectories: dict[str, Trajectory] = {}
+    for raw in await read_all(bootstrap, f"{prefix}.trajectories"):
+        t = codec.decode(raw)
+        assert isinstance(t, Trajectory)
+        trajectories[t.trajectory_id] = t  # at-least-once: the same trajectory again is one
+    recorded: set[str] = set()
+    for topic in ("late-events", "dead-letters"):
+        for raw in await read_all(bootstrap, f"{prefix}.{topic}", idle_s=1.0):
+            letter = codec.decode(raw)
+            if isinstance(letter, DeadLetter):
+                try:
+                    event = codec.decode(letter.payload)
+                except RecordError:
+                    continue
+                if isinstance(event, AgentCall | Completion):
+                    recorded.add(event.event_id)
+    holders: dict[str, list[str]] = defaultdict(list)
+    for t in trajectories.values():
+        for s in t.steps:
+            holders[s.event_id].append(t.trajectory_id)
+    problems: list[str] = []
+    in_traj = 0
+    for e in sent:
+        t = trajectories.get(e.call_id)
+        if isinstance(e, Completion):
+            where = holders.get(e.event_id, [])
+            ok = where == [e.call_id]
+            if len(where) > 1:
+                problems.append(f"step {e.event_id} in {len(where)} trajectories")
+        elif e.phase is CallPhase.START:
+            ok = t is not None and t.input_messages == e.input_messages
+            if t is not None and not ok:
+                problems.append(f"call {e.call_id}: its trajectory lost the START's prompt")
+        else:
+            ok = t is not None and t.closed_reason == "ended" and t.status == e.status
+        if ok:
+            in_traj += 1
+        elif e.event_id not in recorded:
+            problems.append(
+                f"{type(e).__name__} {e.event_id} of call {e.call_id} is in no trajectory and "
+                "on no recorded topic"
+            )
+    calls = len({e.call_id for e in sent})
+    return Verdict(len(sent), calls, in_traj, len(recorded), problems)
+
+
+async def settle(
+    verdict: Callable[[], Awaitable[Verdict]], timeout: float, every: float = 5.0
+) -> Verdict:
+    """Check until nothing is missing or ``timeout``: the last calls need a moment to close."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = await verdict()
+        if not v.problems or time.monotonic() > deadline:
+            return v
+        await asyncio.sleep(every)

@@ -1,0 +1,89 @@
+"""Rejoin chaos and a broker restart during traffic, checked at the topics (issue 14).
+
+Bounded: a few rounds of SIGTERM, SIGKILL, scale-up and scale-down of real worker processes
+with CPU load added, a couple of minutes in all; the long version is ``bench/chaos.py``. The
+check (tests/integration/chaos.py): every produced event is in exactly one trajectory or on
+late-events/dead-letters, and every START's prompt reached its trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.broker import LocalBroker
+from streams.standin import StandIn
+
+from .chaos import RecordingProducer, Traffic, check, run_rounds, settle, worker_env
+from .conftest import CACHE_DIR, Workers
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(300)
+async def test_rejoin_chaos_loses_nothing(
+    kafka_bootstrap: str, prefix: str, standin: StandIn, workers: Any
+) -> None:
+    env = worker_env(standin.url)
+    async with RecordingProducer(kafka_bootstrap, topic_prefix=prefix) as producer:
+        traffic = Traffic(producer)
+        task = asyncio.create_task(traffic.run(pause=0.15, seed=14))
+        try:
+            done = await run_rounds(
+                lambda: workers(**env), rounds=8, seconds=110, round_s=9, traffic=traffic, load=1
+            )
+        finally:
+            traffic.stop.set()
+            await task
+    assert set(done) == {"sigterm", "sigkill", "scale-up", "scale-down"}, done
+    verdict = await settle(lambda: check(kafka_bootstrap, prefix, producer.sent), timeout=90)
+    print(f"chaos: {dict(done)}; {verdict}")
+    assert verdict.calls >= 50
+    assert not verdict.problems, "\n".join(verdict.problems[:20])
+
+
+@pytest.mark.timeout(300)
+async def test_broker_restart_during_traffic_loses_nothing(
+    prefix: str, standin: StandIn, tmp_path: Path
+) -> None:
+    broker = LocalBroker(CACHE_DIR, data_dir=tmp_path / "kafka")
+    bootstrap = broker.start(timeout=120)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
+    base.update(
+        TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
+        TRAJSTREAM_KAFKA__TOPIC_PREFIX=prefix,
+        TRAJSTREAM_APP_ID=prefix,
+        TRAJSTREAM_DATA_DIR=str(tmp_path / "data"),
+        TRAJSTREAM_LOG_LEVEL="info",
+        PYTHONUNBUFFERED="1",
+    )
+    pool = Workers({**base, **{k: str(v) for k, v in worker_env(standin.url).items()}}, tmp_path)
+    try:
+        pool.spawn()
+        async with RecordingProducer(bootstrap, topic_prefix=prefix) as producer:
+            traffic = Traffic(producer)
+            task = asyncio.create_task(traffic.run(pause=0.15, seed=15))
+            try:
+                await asyncio.sleep(20)
+                before = traffic.calls
+                assert await asyncio.to_thread(broker.restart, 120) == bootstrap
+                await asyncio.sleep(25)
+                assert traffic.calls > before, "no traffic got through after the restart"
+            finally:
+                traffic.stop.set()
+                await task
+        verdict = await settle(lambda: check(bootstrap, prefix, producer.sent), timeout=120)
+        print(f"broker restart: {verdict}; {traffic.failed} call(s) cut by the restart")
+        assert not verdict.problems, "\n".join(verdict.problems[:20])
+        assert pool.started[0].alive
+    except BaseException:
+        print(pool.logs())
+        raise
+    finally:
+        for w in pool.started:
+            w.kill()
+        broker.stop()

@@ -1,0 +1,208 @@
+"""The hand-over patch's offset rules, its order of recovery steps, and its version pin."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from intervaltree import IntervalTree
+
+from streams.runtime import handover
+from streams.runtime.handover import committable, fetched_gaps
+
+
+@pytest.mark.parametrize(
+    ("previous", "offsets", "gaps"),
+    [
+        (None, [], []),
+        (None, [5, 6, 7], []),
+        (None, [5, 8], [(6, 7)]),
+        (4, [5, 6], []),
+        (4, [7], [(5, 6)]),
+        (4, [4, 5], []),  # fetched again after a seek back: no gap
+        (9, [5, 6], []),
+    ],
+)
+def test_fetched_gaps(
+    previous: int | None, offsets: list[int], gaps: list[tuple[int, int]]
+) -> None:
+    assert fetched_gaps(previous, offsets) == gaps
+
+
+@pytest.mark.parametrize(
+    ("committed", "done", "expected"),
+    [
+        (15, [16, 17], None),  # #606: a one-record hole at the committed offset holds
+        (15, [15, 16, 18], 17),
+        (0, [1, 2], None),  # upstream skips its test for an offset of 0
+        (0, [0, 1], 2),
+        (None, [3, 4, 6], 5),
+        (10, [3, 4], None),  # stale, below the committed offset
+        (10, [8, 9, 10, 11], 12),
+        (10, [], None),
+    ],
+)
+def test_committable(committed: int | None, done: list[int], expected: int | None) -> None:
+    assert committable(committed, done) == expected
+
+
+@given(
+    committed=st.integers(0, 50),
+    done=st.sets(st.integers(0, 80)),
+)
+def test_a_commit_never_passes_an_offset_not_done(committed: int, done: set[int]) -> None:
+    offset = committable(committed, done)
+    if offset is not None:
+        assert offset > committed
+        assert set(range(committed, offset)) <= done
+
+
+def _consumer(committed: int | None) -> Any:
+    c = SimpleNamespace(
+        _acked=defaultdict(list),
+        _acked_index=defaultdict(set),
+        _gap=defaultdict(IntervalTree),
+        _committed_offset=defaultdict(lambda: None),
+        app=SimpleNamespace(
+            consumer_generation_id=1,
+            topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
+        ),
+    )
+    c._committed_offset["tp"] = committed
+    return c
+
+
+def _ack(c: Any, *offsets: int) -> None:
+    for o in offsets:
+        c._acked["tp"].append(o)
+        c._acked_index["tp"].add(o)
+
+
+def test_gap_from_a_reset_read_offset_passes_nothing() -> None:
+    """Upstream: the reset read offset (15) and the next delivery (40) made a gap 16..40."""
+    c = _consumer(15)
+    asyncio.run(handover._add_gap(c, "tp", 16, 40))
+    _ack(c, 40, 41)
+    assert handover._new_offset(c, "tp") is None
+    _ack(c, *range(15, 40))
+    assert handover._new_offset(c, "tp") == 42
+
+
+def test_gaps_learnt_from_the_fetch_fill_the_run() -> None:
+    from faust.types import TP
+
+    c = _consumer(10)
+    key = TP("t", 0)
+    c._committed_offset[key] = 10
+    records = {key: [SimpleNamespace(offset=o) for o in (10, 11, 14)]}
+    handover._learn_gaps(c, records)
+    for o in (10, 11, 14):
+        c._acked[key].append(o)
+        c._acked_index[key].add(o)
+    assert handover._new_offset(c, key) == 15
+    # a fetch in a new epoch after a seek: its first record says nothing about before it
+    c.__dict__["_th_last"] = {}
+    handover._learn_gaps(c, {key: [SimpleNamespace(offset=20)]})
+    c._committed_offset[key] = 15
+    c._acked[key].append(20)
+    c._acked_index[key].add(20)
+    assert handover._new_offset(c, key) is None
+
+
+def test_recovery_completion_clears_queues_before_resuming_then_seeks() -> None:
+    calls: list[str] = []
+
+    class Signal:
+        async def send(self) -> None:
+            calls.append("rebalance_complete")
+
+    async def perform_seek() -> None:
+        calls.append("seek")
+
+    async def wait(coro: Any, timeout: float) -> None:
+        await coro
+
+    async def maybe_start() -> None:
+        calls.append("fetcher")
+
+    consumer = SimpleNamespace(
+        assignment=lambda: {"stream", "changelog"},
+        resume_partitions=lambda tps: calls.append(f"resume_partitions {sorted(tps)}"),
+        perform_seek=perform_seek,
+        resume_flow=lambda: calls.append("resume_flow"),
+    )
+    app = SimpleNamespace(
+        consumer=consumer,
+        consumer_generation_id=3,
+        on_rebalance_complete=Signal(),
+        flow_control=SimpleNamespace(resume=lambda: calls.append("clear+resume")),
+        conf=SimpleNamespace(broker_request_timeout=1.0),
+        _fetcher=SimpleNamespace(maybe_start=maybe_start),
+        assignor=SimpleNamespace(assigned_standbys=lambda: set()),
+        on_rebalance_end=lambda: calls.append("end"),
+    )
+    recovery = SimpleNamespace(
+        app=app,
+        log=SimpleNamespace(info=lambda *a: None, dev=lambda *a: None, warning=lambda *a: None),
+        tables={},
+        _set_recovery_ended=lambda: None,
+        _is_changelog_tp=lambda tp: tp == "changelog",
+        _wait=wait,
+        completed=SimpleNamespace(set=lambda: calls.append("completed")),
+        tables_ready=None,
+    )
+    recovery.tables = SimpleNamespace(
+        values=lambda: [],
+        on_actives_ready=lambda: None,
+        on_standbys_ready=lambda: None,
+    )
+    asyncio.run(handover._on_recovery_completed(recovery, generation_id=3))
+    assert calls[:5] == [
+        "rebalance_complete",
+        "clear+resume",
+        "resume_partitions ['stream']",
+        "seek",
+        "completed",
+    ]
+    assert calls.count("clear+resume") == 1  # never again after the seek
+
+
+def test_install_refuses_another_faust_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handover.metadata, "version", lambda name: "0.16.0")
+    with pytest.raises(handover.HandoverPatchError, match=r"0\.15\.3, found 0\.16\.0"):
+        handover.install({})
+
+
+def test_install_patches_once() -> None:
+    from faust.transport.consumer import Consumer
+
+    handover.install({})
+    handover.install({})
+    assert handover.installed()
+    assert Consumer._new_offset is handover._new_offset
+
+
+def test_the_seek_never_moves_the_committed_offset_back() -> None:
+    """The broker's committed offsets, read at the seek, may predate this worker's own commit."""
+    from faust.types import TP
+
+    tp = TP("t", 0)
+    c = _consumer(None)
+    c._read_offset = {}
+    c._committed_offset[tp] = 40  # committed by this worker while the seek was on its way
+
+    async def seek_to_committed() -> dict[Any, int]:
+        return {tp: 15}
+
+    c.seek_to_committed = seek_to_committed
+    asyncio.run(handover._perform_seek(c))
+    assert c._committed_offset[tp] == 40
+    assert c._read_offset[tp] == 15  # records from 15 are fetched again (at-least-once)
+    _ack(c, 40, 41)
+    c._acked[tp], c._acked_index[tp] = c._acked.pop("tp"), c._acked_index.pop("tp")
+    assert handover._new_offset(c, tp) == 42
