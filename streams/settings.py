@@ -149,6 +149,11 @@ class KafkaSettings(_Section):
     topic_prefix: str = Field(default="trajstream", pattern=r"^[A-Za-z0-9._-]+$")
     partitions: PositiveInt = Field(default=4, description="partitions of the keyed topics")
     replication_factor: PositiveInt = 1
+    max_record_bytes: PositiveInt = Field(
+        default=1_000_000,
+        description="the largest record a worker writes (its producer's max.request.size; keep "
+        "it at most the brokers' message.max.bytes)",
+    )
     security: KafkaSecuritySettings = Field(default_factory=KafkaSecuritySettings)
 
 
@@ -201,7 +206,11 @@ class SelectionSettings(_Section):
 
 class AssemblySettings(_Section):
     max_steps: PositiveInt = 256
-    max_bytes: PositiveInt = 1_000_000
+    max_bytes: PositiveInt = Field(
+        default=900_000,
+        description="a larger call closes as oversized; at most kafka.max_record_bytes less "
+        "RECORD_HEADROOM, so the stored call and its trajectory fit in one record",
+    )
     abandon_after_s: PositiveFloat = 600.0
     late_retention_s: PositiveFloat = Field(
         default=900.0, description="how long a closed call is remembered to record late events"
@@ -406,9 +415,30 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
         raise ConfigError(f"TRAJSTREAM_CONFIG={env_config}: use a .toml or .yaml file")
     _check_env_names(os.environ)
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except pydantic.ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
+    check_together(settings)
+    return settings
+
+
+RECORD_HEADROOM = 64 * 1024
+"""Bytes a record needs beside a call's events: a trajectory's own fields, a dead letter's
+reason, Avro framing."""
+
+
+def check_together(settings: Settings) -> None:
+    """Settings that are each valid but not together."""
+    room = settings.kafka.max_record_bytes - RECORD_HEADROOM
+    if settings.assembly.max_bytes > room:
+        raise ConfigError(
+            f"bad setting assembly.max_bytes [TRAJSTREAM_ASSEMBLY__MAX_BYTES]: "
+            f"{settings.assembly.max_bytes} does not fit in one Kafka record: an open call and "
+            f"its trajectory are stored as one, and kafka.max_record_bytes "
+            f"[TRAJSTREAM_KAFKA__MAX_RECORD_BYTES] is {settings.kafka.max_record_bytes} "
+            f"({RECORD_HEADROOM} of them are kept for the record's own fields); use at most "
+            f"{room}, or raise kafka.max_record_bytes (and the brokers' message.max.bytes)"
+        )
 
 
 _NOT_SETTINGS = {"TRAJSTREAM_CONFIG", "TRAJSTREAM_VENV"}  # read by load_settings / ./dev

@@ -136,6 +136,28 @@ class Assembler:
                 f"step seq {record.seq} of call {record.call_id} arrived twice with different "
                 "event ids; the first was kept"
             )
+        if progress.bytes > self.limits.max_bytes:
+            # the stored call, and its trajectory, must stay one record: this event is not
+            # added, and the call closes as oversized with what it had
+            out.stats["events.oversized"] += 1
+            out.reject(
+                Reject(
+                    self.stage,
+                    f"an event of {len(src.value)} bytes would make call {record.call_id} larger "
+                    f"than assembly.max_bytes ({self.limits.max_bytes}); "
+                    + (
+                        "the call closed as oversized with what it had"
+                        if stored is not None
+                        else "nothing of the call was kept"
+                    ),
+                    "Oversized",
+                    src,
+                )
+            )
+            if stored is not None:
+                reason = f"oversized: more than {self.limits.max_bytes} bytes"
+                self._close(key, self.pending_codec.pending_call(stored), reason, now, out)
+            return
         out.stats["events.applied"] += 1
         item = PendingCodec.item(record, src.value)
         if stored is None:

@@ -94,19 +94,32 @@ class Out:
         return [e.record for e in self.emits if e.topic == topic]
 
 
-def dead_letter(reject: Reject, now: datetime, worker: str, default_topic: str) -> DeadLetter:
+def dead_letter(
+    reject: Reject,
+    now: datetime,
+    worker: str,
+    default_topic: str,
+    max_payload: int | None = None,
+) -> DeadLetter:
     """The :class:`~streams.models.DeadLetter` record of a reject (live dead letters, late
-    events, and replay's report all use this)."""
+    events, and replay's report all use this). A payload over ``max_payload`` bytes is cut to
+    that size, so that the dead letter fits in a record; the reason says so, and the source
+    topic, partition and offset still name the whole record."""
     src = reject.source
+    payload = reject.payload if reject.payload is not None else (src.value if src else b"")
+    reason = reject.reason
+    if max_payload is not None and len(payload) > max_payload:
+        reason += f" (payload cut to {max_payload} of its {len(payload)} bytes)"
+        payload = payload[:max_payload]
     return DeadLetter(
-        reason=reject.reason,
+        reason=reason,
         error_type=reject.error_type,
         stage=reject.stage,
         source_topic=src.topic if src else default_topic,
         source_partition=src.partition if src else -1,
         source_offset=src.offset if src else -1,
         key=src.key if src else reject.key,
-        payload=reject.payload if reject.payload is not None else (src.value if src else b""),
+        payload=payload,
         failed_at=now,
         worker=worker,
     )

@@ -72,7 +72,7 @@ from ..models import (
 from ..observe.metrics import Metrics, lag_of
 from ..observe.pages import StatusPages
 from ..observe.web import ObserveServer
-from ..settings import Settings
+from ..settings import RECORD_HEADROOM, Settings
 from ..topics import Topics
 from . import handover
 from .config import ledger_config_of, limits_of
@@ -209,6 +209,7 @@ class Pipeline:
             producer_acks=-1,
             broker_commit_interval=1.0,
             broker_credentials=faust_credentials(s.kafka.security),
+            producer_max_request_size=s.kafka.max_record_bytes,
         )
 
         def raw_topic(name: str, partitions: int) -> faust.TopicT:
@@ -409,7 +410,13 @@ class Pipeline:
             self.metrics.drift_alert(record)
 
     async def _reject(self, reject: Reject) -> None:
-        record = dead_letter(reject, utcnow(), self.worker_name, self.topics.trajectories)
+        record = dead_letter(
+            reject,
+            utcnow(),
+            self.worker_name,
+            self.topics.trajectories,
+            max_payload=self.settings.kafka.max_record_bytes - RECORD_HEADROOM,
+        )
         if reject.late:
             self.metrics.late_event()
             await self.t_late.send(key=record.key, value=self.codec.encode(record))

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from streams.devtools.traffic import simulate_call
 
 from streams.codec import SchemaRegistry
+from streams.devtools.traffic import simulate_call
 from streams.errors import RecordError
 from streams.models import AgentCall, CallPhase, Completion, DeadLetter, Trajectory
 from streams.sdk import TrajstreamProducer, new_id

@@ -22,10 +22,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from streams.devtools.traffic import AGENTS, simulate_call
-from streams.io.trinity import TrinityClient
 
 from streams.codec import SchemaRegistry
+from streams.devtools.traffic import AGENTS, simulate_call
+from streams.io.trinity import TrinityClient
 from streams.models import (
     AgentCall,
     AvroModel,

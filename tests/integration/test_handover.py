@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from streams.devtools.traffic import simulate_call
 
+from streams.devtools.traffic import simulate_call
 from streams.sdk import TrajstreamProducer, new_id
 from streams.standin import StandIn
 from streams.topics import Topics
