@@ -142,10 +142,10 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    import faust
 
     from .io.kafka import create_topics, wait_until_ready
     from .runtime.live import Pipeline
+    from .runtime.worker import BoundedWorker, install_log_limits, install_metadata_backoff
     from .settings import check_faust_environment
     from .topics import Topics
 
@@ -180,12 +180,15 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if pipeline.server is not None:  # serving from the start: /healthz answers during recovery
         url = loop.run_until_complete(pipeline.server.start())
         log.info("metrics and health on %s (/metrics /healthz /readyz)", url)
-    worker = faust.Worker(
+    install_metadata_backoff()
+    install_log_limits()
+    worker = BoundedWorker(
         pipeline.app,
         loglevel=settings.log_level,
         quiet=True,
         redirect_stdouts=False,
         loop=loop,
+        stop_timeout_s=settings.stop_timeout_s,
     )
     worker.execute_from_commandline()  # exits the process when the worker stops
     return 0

@@ -352,6 +352,11 @@ class Settings(BaseSettings):
     cache_dir: Path = Path(".cache/trajstream")
     data_dir: Path = Path(".cache/trajstream/worker")
     log_level: Literal["debug", "info", "warn", "error"] = "info"
+    stop_timeout_s: PositiveFloat = Field(
+        default=15.0,
+        description="a worker's graceful stop (final commit, flush) gets this long after "
+        "SIGTERM; then it exits at once, committing nothing unconfirmed",
+    )
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     trinity: TrinitySettings = Field(default_factory=TrinitySettings)
     selection: SelectionSettings = Field(default_factory=SelectionSettings)
