@@ -61,7 +61,7 @@ def _forged(record: AvroModel) -> AvroModel:
         data["response_id"] = "forged-3"
     if "rewarded" in data and isinstance(data["rewarded"], dict):
         data["rewarded"]["msg_ids"] = ["forged-4"]
-    if "steps" in data:
+    if isinstance(data.get("steps"), list):
         for i, s in enumerate(data["steps"]):
             s["response_id"] = f"forged-step-{i}"
     if "at" in data and type(record) is Tick:
