@@ -31,7 +31,13 @@ The wiring: parse and validate (a bad request is an OpenAI-shaped 4xx and record
 decide the route (:mod:`.routing`), forward, answer the agent, then queue the records on the
 :class:`~.publisher.Publisher`, which never makes the agent wait for Kafka.
 
-This module imports aiohttp, the models, settings, selection, and its siblings in ``capture``.
+Why one module of ~900 lines: the ``Gateway`` class is the HTTP surface, read route by route
+(chat, streamed chat, models, end, feedback, OTLP), with its error shapes beside them; the pure
+parts (OpenAI JSON to records, routing, the buffer) are in :mod:`.chat`, :mod:`.routing` and
+:mod:`.publisher`.
+
+May import: aiohttp, the models, settings, selection, :mod:`streams.io`, and its siblings in
+``capture``.
 """
 
 from __future__ import annotations

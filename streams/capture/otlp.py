@@ -23,6 +23,10 @@ attributes they emit (``llm.request.type``, ``traceloop.span.kind``, ``openinfer
 GenAI span that cannot be mapped (bad ids, invalid values) is rejected and named, for the
 response's ``partial_success``.
 
+Why one module of ~950 lines: decoding (protobuf and OTLP JSON), the attribute vocabularies of
+the current and the deprecated conventions, and the span-to-record mapping are read together
+when a span maps wrongly; each part is a set of small pure functions tested on its own.
+
 May import: the standard library, protobuf and ``opentelemetry-proto``, pydantic, and the
 package's models and join rules. No HTTP server, no Kafka.
 """
