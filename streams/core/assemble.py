@@ -32,7 +32,6 @@ from ..models import (
     Completion,
     PendingCall,
     SelectionDecision,
-    Tick,
 )
 from .assembly import (
     Applied,
@@ -42,6 +41,7 @@ from .assembly import (
     check_not_future,
     close,
     closed_reason,
+    tick_time,
     view_of,
 )
 from .effects import Out, Reject, Source
@@ -101,11 +101,9 @@ class Assembler:
         out = Out()
         try:
             record = self.codec.decode(src.value)
-            if src.topic == self.ticks_topic:
-                if not isinstance(record, Tick):
-                    raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
-                check_not_future("tick", record.at, now, self.limits.max_future)
-                return self.on_tick(src.partition, record.at)
+            at = tick_time(record, src.topic, self.ticks_topic, now, self.limits.max_future)
+            if at is not None:
+                return self.on_tick(src.partition, at)
             if not isinstance(record, AgentCall | Completion):
                 raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
             check_not_future("event_time", record.event_time, now, self.limits.max_future)

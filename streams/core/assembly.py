@@ -34,14 +34,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from ..errors import ValidationError
+from ..errors import RecordError, ValidationError
 from ..models import (
     AgentCall,
+    AvroModel,
     CallPhase,
     Completion,
     PendingCall,
     Selection,
     StepKind,
+    Tick,
     Trajectory,
 )
 from .select import CallView, Strategy
@@ -87,6 +89,20 @@ def check_not_future(what: str, at: datetime, now: datetime, max_future: timedel
             f"{what} {at.isoformat()} is more than {max_future.total_seconds():g}s ahead of "
             f"the clock ({now.isoformat()}); not applied (assembly.max_future_s)"
         )
+
+
+def tick_time(
+    record: AvroModel, topic: str, ticks_topic: str, now: datetime, max_future: timedelta
+) -> datetime | None:
+    """The time a record read from ``topic`` sets a stage's clock to: a Tick's, and only from
+    the ticks topic (None for the records of other topics). Anything else on the ticks topic,
+    or a tick dated past ``max_future``, is a :class:`~streams.errors.RecordError`."""
+    if topic != ticks_topic:
+        return None
+    if not isinstance(record, Tick):
+        raise RecordError(f"{record.avro_name} does not belong on {topic}")
+    check_not_future("tick", record.at, now, max_future)
+    return record.at
 
 
 def new_pending(call_id: str, now: datetime) -> PendingCall:

@@ -26,9 +26,9 @@ from datetime import datetime, timedelta
 
 from ..codec import SchemaRegistry
 from ..errors import RecordError, RewardError
-from ..models import AwaitingReward, Tick, Trajectory, UserFeedback
+from ..models import AwaitingReward, Trajectory, UserFeedback
 from .assemble import check_key
-from .assembly import Deadlines, check_not_future
+from .assembly import Deadlines, check_not_future, tick_time
 from .effects import Out, Reject, Source
 from .rewards import Rewarder
 from .store import Store
@@ -78,11 +78,9 @@ class RewardJoin:
         out = Out()
         try:
             record = self.codec.decode(src.value)
-            if src.topic == self.ticks_topic:
-                if not isinstance(record, Tick):
-                    raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
-                check_not_future("tick", record.at, now, self.max_future)
-                return self.on_tick(src.partition, record.at)
+            at = tick_time(record, src.topic, self.ticks_topic, now, self.max_future)
+            if at is not None:
+                return self.on_tick(src.partition, at)
             # a trajectory only from the assemble stage's topic: no input topic can inject one
             wanted = Trajectory if src.topic == self.trajectories_topic else UserFeedback
             if not isinstance(record, wanted):
