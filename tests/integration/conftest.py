@@ -147,14 +147,11 @@ class Workers:
         )
 
 
-@pytest.fixture
-def workers(
-    request: pytest.FixtureRequest, kafka_bootstrap: str, prefix: str, tmp_path: Path
-) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start worker processes with this test's settings: ``workers(TRAJSTREAM_X="y")``."""
+def base_env(bootstrap: str, prefix: str, tmp_path: Path) -> dict[str, str]:
+    """The environment of a worker process of one test: its broker, topic prefix and group."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
     env.update(
-        TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap,
+        TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
         TRAJSTREAM_KAFKA__TOPIC_PREFIX=prefix,
         TRAJSTREAM_APP_ID=prefix,
         TRAJSTREAM_DATA_DIR=str(tmp_path / "data"),
@@ -163,7 +160,15 @@ def workers(
         TRAJSTREAM_OBSERVE__PORT="0",  # workers share a host: a test that wants it picks a port
         PYTHONUNBUFFERED="1",
     )
-    pool = Workers(env, tmp_path)
+    return env
+
+
+@pytest.fixture
+def workers(
+    request: pytest.FixtureRequest, kafka_bootstrap: str, prefix: str, tmp_path: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes with this test's settings: ``workers(TRAJSTREAM_X="y")``."""
+    pool = Workers(base_env(kafka_bootstrap, prefix, tmp_path), tmp_path)
 
     def spawn(**settings: Any) -> WorkerProcess:
         return pool.spawn(**{k: str(v) for k, v in settings.items()})

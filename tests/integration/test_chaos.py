@@ -9,7 +9,6 @@ late-events/dead-letters, and every START's prompt reached its trajectory.
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from streams.broker import LocalBroker
 from streams.standin import StandIn
 
 from .chaos import RecordingProducer, Traffic, check, run_rounds, settle, worker_env
-from .conftest import CACHE_DIR, Workers
+from .conftest import CACHE_DIR, Workers, base_env
 
 pytestmark = pytest.mark.integration
 
@@ -52,15 +51,7 @@ async def test_broker_restart_during_traffic_loses_nothing(
 ) -> None:
     broker = LocalBroker(CACHE_DIR, data_dir=tmp_path / "kafka")
     bootstrap = broker.start(timeout=120)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
-    base.update(
-        TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
-        TRAJSTREAM_KAFKA__TOPIC_PREFIX=prefix,
-        TRAJSTREAM_APP_ID=prefix,
-        TRAJSTREAM_DATA_DIR=str(tmp_path / "data"),
-        TRAJSTREAM_LOG_LEVEL="info",
-        PYTHONUNBUFFERED="1",
-    )
+    base = base_env(bootstrap, prefix, tmp_path)
     pool = Workers({**base, **{k: str(v) for k, v in worker_env(standin.url).items()}}, tmp_path)
     try:
         pool.spawn()

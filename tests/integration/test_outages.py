@@ -22,7 +22,7 @@ from streams.broker import LocalBroker, free_port
 from streams.sdk import TrajstreamProducer
 from streams.standin import StandIn
 
-from .conftest import CACHE_DIR, Workers, wait_for
+from .conftest import CACHE_DIR, Workers, base_env, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -52,17 +52,8 @@ async def test_a_stopped_broker_costs_a_few_lines_and_sigterm_still_stops(
 ) -> None:
     broker = LocalBroker(CACHE_DIR, data_dir=tmp_path / "kafka")
     bootstrap = broker.start(timeout=120)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
-    env.update(
-        TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
-        TRAJSTREAM_KAFKA__TOPIC_PREFIX=prefix,
-        TRAJSTREAM_APP_ID=prefix,
-        TRAJSTREAM_DATA_DIR=str(tmp_path / "data"),
-        TRAJSTREAM_TRINITY__URL=standin.url,
-        TRAJSTREAM_OBSERVE__PORT="0",
-        TRAJSTREAM_STOP_TIMEOUT_S=str(STOP_TIMEOUT_S),
-        PYTHONUNBUFFERED="1",
-    )
+    env = base_env(bootstrap, prefix, tmp_path)
+    env.update(TRAJSTREAM_TRINITY__URL=standin.url, TRAJSTREAM_STOP_TIMEOUT_S=str(STOP_TIMEOUT_S))
     pool = Workers(env, tmp_path)
     try:
         worker = pool.spawn()
