@@ -29,7 +29,9 @@ __all__ = [
     "CallStatus",
     "ChatMessage",
     "ClosedCall",
+    "CommitHold",
     "CommitRecord",
+    "CommitResume",
     "Completion",
     "DeadLetter",
     "DriftAlert",
@@ -403,6 +405,19 @@ class PendingCommit(AvroModel):
     ready_before: int | None = None
 
 
+class CommitHold(AvroModel):
+    """Commits held because a reward window of one agent and model dropped (nested in
+    :class:`LedgerState`)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.CommitHold"
+    agent_name: str
+    model: str
+    threshold: float
+    window_start: UtcDateTime
+    mean: float
+    since: UtcDateTime
+
+
 class LedgerState(AvroModel):
     avro_name: ClassVar[str] = "io.trajstream.LedgerState"
     next_seq: int = 0
@@ -422,6 +437,7 @@ class LedgerState(AvroModel):
     pending_commit: PendingCommit | None = None
     trailing: dict[str, list[float]] = Field(default_factory=dict)
     ready_at_last_commit: int | None = None
+    holds: list[CommitHold] = Field(default_factory=list)
 
 
 class SelectionDecision(AvroModel):
@@ -443,6 +459,17 @@ class ClosedCall(AvroModel):
     partition: int = -1
     closed_at: UtcDateTime
     reason: str = "ended"
+
+
+class CommitResume(AvroModel):
+    """An operator's request to resume held commits; accepted only on the ledger topic."""
+
+    avro_name: ClassVar[str] = "io.trajstream.CommitResume"
+    agent_name: str | None = None
+    model: str | None = None
+    requested_at: UtcDateTime
+    requested_by: str = ""
+    reason: str = ""
 
 
 class DriftAlert(AvroModel):
@@ -479,5 +506,6 @@ MODELS: tuple[type[AvroModel], ...] = (
     SelectionDecision,
     ClosedCall,
     DriftAlert,
+    CommitResume,
 )
 """Every record model, in dependency order."""

@@ -244,6 +244,11 @@ class CommitSettings(_Section):
     min_batch: PositiveInt = 1
     commit_empty: bool = False
     tick_s: PositiveFloat = 1.0
+    hold_on_drift: bool = Field(
+        default=False,
+        description="a drift alert holds commits until a later window of its agent and model "
+        "recovers, or `trajstream commits resume`",
+    )
 
 
 class GatewaySettings(_Section):

@@ -21,6 +21,16 @@ Reward windows
   processing time, when the wall clock passes its end plus ``grace``. Each window is emitted once; a
   trajectory for an emitted window is late and counted in the next summary of its agent/model.
 
+Commit holds
+  With ``hold_on_drift``, a drift alert for an agent and model holds commits: a commit that
+  falls due is recorded with ``sent: false`` and the reason, and not sent (stop feeding the
+  trainer when its rewards drop). Trinity's ``/commit`` drains every ready experience, whatever
+  its agent, so any hold holds every commit. The hold ends when a later window of that agent
+  and model has a mean at or above the threshold the alert crossed (``drift_fraction`` x the
+  trailing mean then), or when an operator's :class:`~streams.models.CommitResume` arrives on
+  the ledger. The feedbacks of held intervals stay ready at Trinity; the first commit after the
+  hold ends drains them (Trinity has no way to discard them).
+
 Unlike Faust's windowed tables, nothing here depends on a wall-clock cleanup timer or on
 in-memory registration that a restart forgets: the state is one record in a changelog-backed
 table, and the clock arrives as data.
@@ -30,12 +40,15 @@ May import: the standard library, :mod:`streams.models`.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from ..models import (
+    CommitHold,
     CommitRecord,
+    CommitResume,
     DriftAlert,
     FeedbackAck,
     LedgerState,
@@ -51,10 +64,14 @@ __all__ = [
     "CommitPlan",
     "LedgerConfig",
     "apply_ack",
+    "apply_resume",
     "commit_done",
     "drift_alerts",
     "due_commit",
     "due_windows",
+    "held_commit",
+    "is_held",
+    "update_holds",
 ]
 
 
@@ -67,6 +84,7 @@ class LedgerConfig:
     grace: timedelta = timedelta(seconds=10)
     drift_fraction: float = 0.8
     drift_history: int = 5
+    hold_on_drift: bool = False
 
 
 CommitPlan = PendingCommit
@@ -103,6 +121,94 @@ def drift_alerts(
                 )
         state.trailing[pair] = [*history, summary.mean][-cfg.drift_history :]
     return alerts
+
+
+def update_holds(
+    state: LedgerState,
+    summaries: list[WindowSummary],
+    alerts: list[DriftAlert],
+    now: datetime,
+    cfg: LedgerConfig,
+) -> tuple[list[CommitHold], list[CommitHold]]:
+    """Start a hold for each alert (with ``hold_on_drift``), end a hold whose agent and model
+    has a later window at or above its threshold. Returns (started, ended)."""
+    started: list[CommitHold] = []
+    ended: list[CommitHold] = []
+    raised = {(a.agent_name, a.model, a.window_start): a for a in alerts}
+    for summary in summaries:  # oldest first: a drop then a recovery in one batch ends held
+        key = (summary.agent_name, summary.model, summary.window_start)
+        hold = next(
+            (
+                h
+                for h in state.holds
+                if h.agent_name == summary.agent_name and h.model == summary.model
+            ),
+            None,
+        )
+        alert = raised.get(key)
+        if alert is not None:
+            if not cfg.hold_on_drift:
+                continue
+            if hold is not None:  # a further drop: keep the original threshold
+                continue
+            hold = CommitHold(
+                agent_name=alert.agent_name,
+                model=alert.model,
+                threshold=alert.fraction * alert.trailing_mean,
+                window_start=alert.window_start,
+                mean=alert.mean,
+                since=now,
+            )
+            state.holds.append(hold)
+            started.append(hold)
+        elif (
+            hold is not None
+            and summary.window_start > hold.window_start
+            and summary.mean >= hold.threshold
+        ):
+            state.holds.remove(hold)
+            ended.append(hold)
+    return started, ended
+
+
+def apply_resume(state: LedgerState, resume: CommitResume) -> list[CommitHold]:
+    """An operator's resume: end the holds it names (None matches any). Returns them."""
+    ended = [
+        h
+        for h in state.holds
+        if resume.agent_name in (None, h.agent_name) and resume.model in (None, h.model)
+    ]
+    state.holds = [h for h in state.holds if h not in ended]
+    return ended
+
+
+def held_commit(state: LedgerState, plan: CommitPlan) -> CommitRecord | None:
+    """While a hold is active: record ``plan`` as held (``sent: false``, the reason in
+    ``trinity_response``) and start the next batch. None when nothing holds commits."""
+    if not state.holds:
+        return None
+    reason = "; ".join(
+        f"reward drop of {h.agent_name}/{h.model}: window {h.window_start.isoformat()} "
+        f"mean {h.mean:.4g} < threshold {h.threshold:.4g}"
+        for h in state.holds
+    )
+    held = [
+        {"agent_name": h.agent_name, "model": h.model, "threshold": h.threshold}
+        for h in state.holds
+    ]
+    answer = json.dumps({"held": reason, "holds": held}, sort_keys=True)
+    return commit_done(state, plan, answer, sent=False, experiences=0)
+
+
+def is_held(record: CommitRecord) -> bool:
+    """Whether ``record`` is a commit held by :func:`held_commit` (not sent)."""
+    if record.sent or not record.trinity_response.startswith("{"):
+        return False
+    try:
+        answer = json.loads(record.trinity_response)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and "held" in answer
 
 
 def _ms(t: datetime) -> int:

@@ -49,7 +49,7 @@ from ..core.assemble import Assembler
 from ..core.clock import wall_clock
 from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
-from ..core.ledger import CommitPlan, due_commit
+from ..core.ledger import CommitPlan, due_commit, is_held
 from ..core.ledger_stage import LedgerStage
 from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
@@ -513,12 +513,19 @@ class Pipeline:
     async def _recorded(self, record: CommitRecord | None) -> None:
         if record is None:
             return
-        self.stats["commits" if record.sent else "commits.not_sent"] += 1
+        held = is_held(record)
+        self.stats[
+            "commits" if record.sent else "commits.held" if held else "commits.not_sent"
+        ] += 1
         self.metrics.commit(sent=record.sent)
         log.info(
             "commit %d%s: %d feedbacks",
             record.commit_seq,
-            "" if record.sent else " (not sent: nothing ready at Trinity)",
+            ""
+            if record.sent
+            else " (held: rewards dropped)"
+            if held
+            else " (not sent: nothing ready at Trinity)",
             record.feedback_count,
         )
         await self.t_commits.send(
