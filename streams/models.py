@@ -271,6 +271,7 @@ class RewardedTrajectory(AvroModel):
     event_time: UtcDateTime
     labels: list[str] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
+    step_rewards: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("reward")
     @classmethod
@@ -279,12 +280,21 @@ class RewardedTrajectory(AvroModel):
             raise ValueError("reward must be a finite number")
         return v
 
+    @field_validator("step_rewards")
+    @classmethod
+    def _finite_steps(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, r in v.items() if not math.isfinite(r)]
+        if bad:
+            raise ValueError(f"step reward of {bad[0]} must be a finite number")
+        return v
+
 
 class FeedbackAck(AvroModel):
     avro_name: ClassVar[str] = "io.trajstream.FeedbackAck"
     rewarded: RewardedTrajectory
     acked_at: UtcDateTime
     attempts: int = 1
+    feedbacks: int = 1
 
 
 class Tick(AvroModel):
@@ -323,6 +333,7 @@ class CommitRecord(AvroModel):
     final: bool = False
     sent: bool = True
     experiences: int | None = None
+    feedback_requests: int | None = None
 
 
 class DeadLetter(AvroModel):
@@ -403,6 +414,7 @@ class PendingCommit(AvroModel):
     reward_max: float
     final: bool = False
     ready_before: int | None = None
+    requests: int = 0
 
 
 class CommitHold(AvroModel):
@@ -438,6 +450,7 @@ class LedgerState(AvroModel):
     trailing: dict[str, list[float]] = Field(default_factory=dict)
     ready_at_last_commit: int | None = None
     holds: list[CommitHold] = Field(default_factory=list)
+    batch_requests: int = 0
 
 
 class SelectionDecision(AvroModel):

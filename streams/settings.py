@@ -230,6 +230,13 @@ class RewardSettings(_Section):
     score_incomplete: bool = Field(
         default=False, description="also reward trajectories closed as abandoned or oversized"
     )
+    step_discount: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="gamma: step i of n gets reward * gamma ** (n - 1 - i) (off: every step "
+        "gets the trajectory's reward, unless the function returns step_rewards)",
+    )
 
 
 class WindowSettings(_Section):

@@ -7,9 +7,10 @@ decisions are made in one place for the whole deployment, in one order, from dur
 Commits
   Processing time is cut into aligned intervals of ``interval`` seconds. When a tick shows that
   the interval in which the current batch started has ended, and the batch holds at least
-  ``min_batch`` acknowledgements, one ``/commit`` is due. Intervals without acknowledged
-  feedback commit nothing (``commit_empty`` changes that). A batch smaller than ``min_batch``
-  carries over. A final tick (graceful stop) commits whatever was acknowledged. An
+  ``min_batch`` acknowledgements (trajectories; the ``/feedback`` requests they took, one per
+  distinct step reward, are counted alongside), one ``/commit`` is due. Intervals without
+  acknowledged feedback commit nothing (``commit_empty`` changes that). A batch smaller than
+  ``min_batch`` carries over. A final tick (graceful stop) commits whatever was acknowledged. An
   acknowledgement delivered twice (same trajectory id among the last ``RECENT_IDS``) counts
   once. The batch is kept as running statistics, so the state stays small however large the
   interval.
@@ -241,6 +242,7 @@ def apply_ack(state: LedgerState, ack: FeedbackAck, now: datetime, cfg: LedgerCo
         state.batch_start = now
         state.batch_min = state.batch_max = r
     state.batch_count += 1
+    state.batch_requests += ack.feedbacks
     state.batch_sum += r
     state.batch_min = min(state.batch_min, r)
     state.batch_max = max(state.batch_max, r)
@@ -356,6 +358,7 @@ def due_commit(
         reward_min=state.batch_min,
         reward_max=state.batch_max,
         final=final,
+        requests=state.batch_requests,
     )
 
 
@@ -377,8 +380,10 @@ def commit_done(
     state.pending_commit = None
     state.batch_count -= plan.count
     state.batch_sum -= plan.reward_sum
+    state.batch_requests = max(0, state.batch_requests - plan.requests)
     if state.batch_count <= 0:
         state.batch_count, state.batch_sum, state.batch_start = 0, 0.0, None
+        state.batch_requests = 0
     else:
         state.batch_start = plan.interval_end
     state.last_commit = plan.interval_end
@@ -396,4 +401,5 @@ def commit_done(
         final=plan.final,
         sent=sent,
         experiences=experiences,
+        feedback_requests=plan.requests,
     )

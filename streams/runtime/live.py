@@ -49,6 +49,7 @@ from ..core.assemble import Assembler
 from ..core.clock import wall_clock
 from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
+from ..core.feedback import FeedbackRequest, feedback_requests
 from ..core.ledger import CommitPlan, due_commit, is_held
 from ..core.ledger_stage import LedgerStage
 from ..core.retry import RetryPolicy
@@ -143,7 +144,7 @@ class Pipeline:
             mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
         )
         self.rewarder = rewarder or build_rewarder(
-            settings.reward.function, settings.reward.weights
+            settings.reward.function, settings.reward.weights, settings.reward.step_discount
         )
         self.limits = limits_of(settings)
         self.ledger_cfg = ledger_config_of(settings)
@@ -444,29 +445,38 @@ class Pipeline:
 
     async def _feedback(self, src: Source) -> None:
         rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
-
-        async def send() -> None:
-            async with self._http_slots:
-                await self.trinity.feedback(
-                    rewarded.msg_ids, rewarded.reward, rewarded.task_id, rewarded.run_id
-                )
+        # one request per distinct step reward (one in the common case); all acknowledged
+        # before the trajectory's one acknowledgement goes to the ledger
+        requests = feedback_requests(rewarded)
 
         def retried() -> None:
             self.stats["feedback.retries"] += 1
             self.metrics.feedback_retry()
 
         started = time.monotonic()
-        try:
-            attempts, _ = await retrying(
-                send, self.retry, f"feedback for {rewarded.call_id}", on_retry=retried
-            )
-        except TrinityGaveUp as exc:
-            raise RecordError(str(exc)) from exc
-        except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
-            raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
+        attempts = 0
+        for request in requests:
+
+            async def send(request: FeedbackRequest = request) -> None:
+                async with self._http_slots:
+                    await self.trinity.feedback(
+                        request.msg_ids, request.reward, request.task_id, request.run_id
+                    )
+
+            try:
+                tries, _ = await retrying(
+                    send, self.retry, f"feedback for {rewarded.call_id}", on_retry=retried
+                )
+            except TrinityGaveUp as exc:
+                raise RecordError(str(exc)) from exc
+            except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
+                raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
+            attempts = max(attempts, tries)
         self.stats["feedback.acked"] += 1
         self.metrics.feedback_acked(time.monotonic() - started)
-        ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
+        ack = FeedbackAck(
+            rewarded=rewarded, acked_at=utcnow(), attempts=attempts, feedbacks=len(requests)
+        )
         await self.t_ledger.send(
             key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
         )
