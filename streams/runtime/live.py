@@ -11,7 +11,9 @@ Faust's deserializer.
                   (:class:`~streams.core.assemble.Assembler`; tables ``pending``, ``closed``)
 2. ``reward``     trajectories + user-feedback + ticks -> rewarded
                   (:class:`~streams.core.reward_join.RewardJoin`; table ``awaiting``)
-3. ``feedback``   rewarded -> POST /feedback (:func:`streams.io.trinity.retrying`) -> ledger
+3. ``feedback``   rewarded -> POST /feedback, one per distinct step reward
+                  (:func:`streams.core.feedback.feedback_requests`,
+                  :func:`streams.io.trinity.retrying`) -> ledger
 4. ``ledger``     ledger (acks + ticks) -> windows, alerts, POST /commit, commits
                   (:class:`~streams.core.ledger_stage.LedgerStage` and
                   :mod:`streams.core.commits`; table ``ledger``, one partition: one decision
