@@ -13,6 +13,7 @@ May import: pydantic and the standard library only.
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -334,6 +335,23 @@ class CommitRecord(AvroModel):
     sent: bool = True
     experiences: int | None = None
     feedback_requests: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Held on a reward drop (``commit.hold_on_drift``), not sent: the reason is in
+        ``trinity_response`` as ``{"held": ...}``."""
+        if self.sent or not self.trinity_response.startswith("{"):
+            return False
+        try:
+            answer = json.loads(self.trinity_response)
+        except ValueError:
+            return False
+        return isinstance(answer, dict) and "held" in answer
+
+    @property
+    def held_reason(self) -> str:
+        """Why a held commit was held (empty for others)."""
+        return str(json.loads(self.trinity_response)["held"]) if self.held else ""
 
 
 class DeadLetter(AvroModel):

@@ -203,13 +203,7 @@ def held_commit(state: LedgerState, plan: CommitPlan) -> CommitRecord | None:
 
 def is_held(record: CommitRecord) -> bool:
     """Whether ``record`` is a commit held by :func:`held_commit` (not sent)."""
-    if record.sent or not record.trinity_response.startswith("{"):
-        return False
-    try:
-        answer = json.loads(record.trinity_response)
-    except ValueError:
-        return False
-    return isinstance(answer, dict) and "held" in answer
+    return record.held
 
 
 def _ms(t: datetime) -> int:

@@ -529,7 +529,7 @@ class Pipeline:
         self.stats[
             "commits" if record.sent else "commits.held" if held else "commits.not_sent"
         ] += 1
-        self.metrics.commit(sent=record.sent)
+        self.metrics.commit(sent=record.sent, held=held)
         log.info(
             "commit %d%s: %d feedbacks",
             record.commit_seq,
