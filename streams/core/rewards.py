@@ -189,6 +189,10 @@ class Rewarder:
         self.fn = fn
         self.name = name or getattr(fn, "reward_name", None) or _qualname(fn)
         self.version = str(getattr(fn, "reward_version", "1"))
+        if step_discount is not None:
+            # the discount changes what is sent: part of the recorded version (and so of a
+            # replay's identity); without it, versions stay as they were
+            self.version += f"+step_discount={step_discount:g}"
         self.wants_feedback = bool(getattr(fn, "wants_feedback", False))
         self.step_discount = step_discount
 

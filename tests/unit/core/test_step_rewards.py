@@ -125,3 +125,12 @@ def test_step_rewards_round_trip_and_old_records_decode_without_them() -> None:
     assert codec.decode_as(codec.encode(r), RewardedTrajectory) == r
     with pytest.raises(ValueError, match="step reward of a must be a finite number"):
         rewarded("t", 1.0, msg_ids=["a"], step_rewards={"a": float("nan")})
+
+
+def test_the_discount_is_part_of_the_recorded_version() -> None:
+    """A replay's identity includes the reward version: a replay with another discount is
+    another replay, not one that was sent already."""
+    assert build_rewarder("streams.rewards:success").version == "1"
+    assert build_rewarder("streams.rewards:success", step_discount=0.9).version == (
+        "1+step_discount=0.9"
+    )
