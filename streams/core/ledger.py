@@ -132,9 +132,14 @@ def update_holds(
     cfg: LedgerConfig,
 ) -> tuple[list[CommitHold], list[CommitHold]]:
     """Start a hold for each alert (with ``hold_on_drift``), end a hold whose agent and model
-    has a later window at or above its threshold. Returns (started, ended)."""
+    has a later window at or above its threshold, end every hold once ``hold_on_drift`` is
+    off. Returns (started, ended)."""
     started: list[CommitHold] = []
     ended: list[CommitHold] = []
+    if not cfg.hold_on_drift and state.holds:
+        # the setting was turned off since: its holds end with it
+        ended, state.holds = list(state.holds), []
+        return started, ended
     raised = {(a.agent_name, a.model, a.window_start): a for a in alerts}
     for summary in summaries:  # oldest first: a drop then a recovery in one batch ends held
         key = (summary.agent_name, summary.model, summary.window_start)

@@ -206,3 +206,14 @@ def test_held_commit_records_are_told_apart_from_nothing_ready() -> None:
     assert not is_held(record)
     assert not is_held(record.model_copy(update={"sent": False, "trinity_response": NOT_SENT}))
     assert not is_held(record.model_copy(update={"sent": False, "trinity_response": "oops"}))
+
+
+def test_turning_the_setting_off_ends_the_holds() -> None:
+    ledger = Ledger(cfg())
+    for i, mean in enumerate([1.0, 1.0, 0.2, 0.0]):
+        ledger.window(i, mean)
+    assert ledger.held()
+    restarted = Ledger(cfg(hold=False), ledger.store)  # a restart with hold_on_drift off
+    state = restarted.stage.load()
+    restarted.stage.decide(state, at(36), final=False)
+    assert state.holds == []
