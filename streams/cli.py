@@ -371,6 +371,45 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if any(h.level == "error" for h in status.hints) else 0
 
 
+def cmd_commits_resume(args: argparse.Namespace, settings: Settings) -> int:
+    """Publish a CommitResume to the ledger topic: the ledger ends the holds it names.
+
+    An operator action: whoever may write the ledger topic may resume commits (grant it to the
+    workers' principal and to operators only)."""
+    from .codec import SchemaRegistry
+    from .io.kafka import producer
+    from .models import CommitResume, utcnow
+    from .topics import Topics
+
+    bootstrap = resolve_bootstrap(settings)
+    record = CommitResume(
+        agent_name=args.agent,
+        model=args.model,
+        requested_at=utcnow(),
+        requested_by=args.by,
+        reason=args.reason,
+    )
+    topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger
+    key = f"{args.agent or '*'}|{args.model or '*'}".encode()
+
+    async def publish() -> None:
+        client = producer(bootstrap, settings.kafka.security)
+        await client.start()
+        try:
+            await client.send_and_wait(
+                topic, SchemaRegistry.default().encode(record), key=key, partition=0
+            )
+        finally:
+            await client.stop()
+
+    asyncio.run(publish())
+    print(
+        f"asked the ledger to resume commits held for agent {args.agent or 'any'}, "
+        f"model {args.model or 'any'}"
+    )
+    return 0
+
+
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
     from .devtools.standin import StandIn
 
@@ -563,6 +602,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="--web: address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9641, help="--web: port (default 9641)")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("commits", help="act on the ledger's commits (operators)")
+    commits = p.add_subparsers(dest="commits_command", required=True, metavar="ACTION")
+    q = commits.add_parser(
+        "resume",
+        help="resume commits held on a reward drop (commit.hold_on_drift); publishes a "
+        "CommitResume to the ledger topic",
+    )
+    q.add_argument("--agent", default=None, help="only the holds of this agent (default: all)")
+    q.add_argument("--model", default=None, help="only the holds of this model (default: all)")
+    q.add_argument("--reason", default="", help="recorded with the request")
+    q.add_argument("--by", default="", help="who asks, recorded with the request")
+    q.set_defaults(func=cmd_commits_resume)
 
     p = sub.add_parser("standin", help="run the Trinity stand-in server")
     p.add_argument("--host", default="127.0.0.1")

@@ -13,6 +13,7 @@ May import: pydantic and the standard library only.
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -29,7 +30,9 @@ __all__ = [
     "CallStatus",
     "ChatMessage",
     "ClosedCall",
+    "CommitHold",
     "CommitRecord",
+    "CommitResume",
     "Completion",
     "DeadLetter",
     "DriftAlert",
@@ -269,6 +272,7 @@ class RewardedTrajectory(AvroModel):
     event_time: UtcDateTime
     labels: list[str] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
+    step_rewards: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("reward")
     @classmethod
@@ -277,12 +281,21 @@ class RewardedTrajectory(AvroModel):
             raise ValueError("reward must be a finite number")
         return v
 
+    @field_validator("step_rewards")
+    @classmethod
+    def _finite_steps(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, r in v.items() if not math.isfinite(r)]
+        if bad:
+            raise ValueError(f"step reward of {bad[0]} must be a finite number")
+        return v
+
 
 class FeedbackAck(AvroModel):
     avro_name: ClassVar[str] = "io.trajstream.FeedbackAck"
     rewarded: RewardedTrajectory
     acked_at: UtcDateTime
     attempts: int = 1
+    feedbacks: int = 1
 
 
 class Tick(AvroModel):
@@ -321,6 +334,24 @@ class CommitRecord(AvroModel):
     final: bool = False
     sent: bool = True
     experiences: int | None = None
+    feedback_requests: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Held on a reward drop (``commit.hold_on_drift``), not sent: the reason is in
+        ``trinity_response`` as ``{"held": ...}``."""
+        if self.sent or not self.trinity_response.startswith("{"):
+            return False
+        try:
+            answer = json.loads(self.trinity_response)
+        except ValueError:
+            return False
+        return isinstance(answer, dict) and "held" in answer
+
+    @property
+    def held_reason(self) -> str:
+        """Why a held commit was held (empty for others)."""
+        return str(json.loads(self.trinity_response)["held"]) if self.held else ""
 
 
 class DeadLetter(AvroModel):
@@ -401,6 +432,20 @@ class PendingCommit(AvroModel):
     reward_max: float
     final: bool = False
     ready_before: int | None = None
+    requests: int = 0
+
+
+class CommitHold(AvroModel):
+    """Commits held because a reward window of one agent and model dropped (nested in
+    :class:`LedgerState`)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.CommitHold"
+    agent_name: str
+    model: str
+    threshold: float
+    window_start: UtcDateTime
+    mean: float
+    since: UtcDateTime
 
 
 class LedgerState(AvroModel):
@@ -422,6 +467,8 @@ class LedgerState(AvroModel):
     pending_commit: PendingCommit | None = None
     trailing: dict[str, list[float]] = Field(default_factory=dict)
     ready_at_last_commit: int | None = None
+    holds: list[CommitHold] = Field(default_factory=list)
+    batch_requests: int = 0
 
 
 class SelectionDecision(AvroModel):
@@ -443,6 +490,17 @@ class ClosedCall(AvroModel):
     partition: int = -1
     closed_at: UtcDateTime
     reason: str = "ended"
+
+
+class CommitResume(AvroModel):
+    """An operator's request to resume held commits; accepted only on the ledger topic."""
+
+    avro_name: ClassVar[str] = "io.trajstream.CommitResume"
+    agent_name: str | None = None
+    model: str | None = None
+    requested_at: UtcDateTime
+    requested_by: str = ""
+    reason: str = ""
 
 
 class DriftAlert(AvroModel):
@@ -479,5 +537,6 @@ MODELS: tuple[type[AvroModel], ...] = (
     SelectionDecision,
     ClosedCall,
     DriftAlert,
+    CommitResume,
 )
 """Every record model, in dependency order."""

@@ -230,6 +230,13 @@ class RewardSettings(_Section):
     score_incomplete: bool = Field(
         default=False, description="also reward trajectories closed as abandoned or oversized"
     )
+    step_discount: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="gamma: step i of n gets reward * gamma ** (n - 1 - i) (off: every step "
+        "gets the trajectory's reward, unless the function returns step_rewards)",
+    )
 
 
 class WindowSettings(_Section):
@@ -244,6 +251,11 @@ class CommitSettings(_Section):
     min_batch: PositiveInt = 1
     commit_empty: bool = False
     tick_s: PositiveFloat = 1.0
+    hold_on_drift: bool = Field(
+        default=False,
+        description="a drift alert holds commits until a later window of its agent and model "
+        "recovers, or `trajstream commits resume`",
+    )
 
 
 class GatewaySettings(_Section):

@@ -14,7 +14,7 @@ topic                         partitions  records
 <prefix>.ticks                N           Tick (processing-time clock for open calls)
 <prefix>.trajectories         N           Trajectory
 <prefix>.rewarded             N           RewardedTrajectory
-<prefix>.ledger               1           FeedbackAck, Tick
+<prefix>.ledger               1           FeedbackAck, Tick, CommitResume (operators only)
 <prefix>.windows              1           WindowSummary
 <prefix>.commits              1           CommitRecord
 <prefix>.dead-letters         N           DeadLetter

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from ..errors import TrinityError
 from ..models import CommitRecord, LedgerState
-from .ledger import CommitPlan, commit_done
+from .ledger import CommitPlan, commit_done, held_commit
 
 __all__ = [
     "READY",
@@ -84,7 +84,13 @@ async def write_ahead_commit(
     write_ahead: Callable[[LedgerState], Awaitable[None]],
 ) -> CommitRecord | None:
     """Commit ``plan`` by the protocol; returns the record to publish, or None when the commit
-    is postponed (Trinity unreachable: the plan is retried later, pending or not)."""
+    is postponed (Trinity unreachable: the plan is retried later, pending or not).
+
+    While commits are held (:func:`streams.core.ledger.held_commit`), the plan is recorded as
+    held and nothing is asked of Trinity."""
+    held = held_commit(state, plan)
+    if held is not None:
+        return held
     try:
         metrics = await trinity.metrics()
     except TrinityError as exc:

@@ -7,9 +7,10 @@ decisions are made in one place for the whole deployment, in one order, from dur
 Commits
   Processing time is cut into aligned intervals of ``interval`` seconds. When a tick shows that
   the interval in which the current batch started has ended, and the batch holds at least
-  ``min_batch`` acknowledgements, one ``/commit`` is due. Intervals without acknowledged
-  feedback commit nothing (``commit_empty`` changes that). A batch smaller than ``min_batch``
-  carries over. A final tick (graceful stop) commits whatever was acknowledged. An
+  ``min_batch`` acknowledgements (trajectories; the ``/feedback`` requests they took, one per
+  distinct step reward, are counted alongside), one ``/commit`` is due. Intervals without
+  acknowledged feedback commit nothing (``commit_empty`` changes that). A batch smaller than
+  ``min_batch`` carries over. A final tick (graceful stop) commits whatever was acknowledged. An
   acknowledgement delivered twice (same trajectory id among the last ``RECENT_IDS``) counts
   once. The batch is kept as running statistics, so the state stays small however large the
   interval.
@@ -21,6 +22,16 @@ Reward windows
   processing time, when the wall clock passes its end plus ``grace``. Each window is emitted once; a
   trajectory for an emitted window is late and counted in the next summary of its agent/model.
 
+Commit holds
+  With ``hold_on_drift``, a drift alert for an agent and model holds commits: a commit that
+  falls due is recorded with ``sent: false`` and the reason, and not sent (stop feeding the
+  trainer when its rewards drop). Trinity's ``/commit`` drains every ready experience, whatever
+  its agent, so any hold holds every commit. The hold ends when a later window of that agent
+  and model has a mean at or above the threshold the alert crossed (``drift_fraction`` x the
+  trailing mean then), or when an operator's :class:`~streams.models.CommitResume` arrives on
+  the ledger. The feedbacks of held intervals stay ready at Trinity; the first commit after the
+  hold ends drains them (Trinity has no way to discard them).
+
 Unlike Faust's windowed tables, nothing here depends on a wall-clock cleanup timer or on
 in-memory registration that a restart forgets: the state is one record in a changelog-backed
 table, and the clock arrives as data.
@@ -30,12 +41,15 @@ May import: the standard library, :mod:`streams.models`.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from ..models import (
+    CommitHold,
     CommitRecord,
+    CommitResume,
     DriftAlert,
     FeedbackAck,
     LedgerState,
@@ -51,10 +65,14 @@ __all__ = [
     "CommitPlan",
     "LedgerConfig",
     "apply_ack",
+    "apply_resume",
     "commit_done",
     "drift_alerts",
     "due_commit",
     "due_windows",
+    "held_commit",
+    "is_held",
+    "update_holds",
 ]
 
 
@@ -67,6 +85,7 @@ class LedgerConfig:
     grace: timedelta = timedelta(seconds=10)
     drift_fraction: float = 0.8
     drift_history: int = 5
+    hold_on_drift: bool = False
 
 
 CommitPlan = PendingCommit
@@ -105,6 +124,93 @@ def drift_alerts(
     return alerts
 
 
+def update_holds(
+    state: LedgerState,
+    summaries: list[WindowSummary],
+    alerts: list[DriftAlert],
+    now: datetime,
+    cfg: LedgerConfig,
+) -> tuple[list[CommitHold], list[CommitHold]]:
+    """Start a hold for each alert (with ``hold_on_drift``), end a hold whose agent and model
+    has a later window at or above its threshold, end every hold once ``hold_on_drift`` is
+    off. Returns (started, ended)."""
+    started: list[CommitHold] = []
+    ended: list[CommitHold] = []
+    if not cfg.hold_on_drift and state.holds:
+        # the setting was turned off since: its holds end with it
+        ended, state.holds = list(state.holds), []
+        return started, ended
+    raised = {(a.agent_name, a.model, a.window_start): a for a in alerts}
+    for summary in summaries:  # oldest first: a drop then a recovery in one batch ends held
+        key = (summary.agent_name, summary.model, summary.window_start)
+        hold = next(
+            (
+                h
+                for h in state.holds
+                if h.agent_name == summary.agent_name and h.model == summary.model
+            ),
+            None,
+        )
+        alert = raised.get(key)
+        if alert is not None:
+            if not cfg.hold_on_drift:
+                continue
+            if hold is not None:  # a further drop: keep the original threshold
+                continue
+            hold = CommitHold(
+                agent_name=alert.agent_name,
+                model=alert.model,
+                threshold=alert.fraction * alert.trailing_mean,
+                window_start=alert.window_start,
+                mean=alert.mean,
+                since=now,
+            )
+            state.holds.append(hold)
+            started.append(hold)
+        elif (
+            hold is not None
+            and summary.window_start > hold.window_start
+            and summary.mean >= hold.threshold
+        ):
+            state.holds.remove(hold)
+            ended.append(hold)
+    return started, ended
+
+
+def apply_resume(state: LedgerState, resume: CommitResume) -> list[CommitHold]:
+    """An operator's resume: end the holds it names (None matches any). Returns them."""
+    ended = [
+        h
+        for h in state.holds
+        if resume.agent_name in (None, h.agent_name) and resume.model in (None, h.model)
+    ]
+    state.holds = [h for h in state.holds if h not in ended]
+    return ended
+
+
+def held_commit(state: LedgerState, plan: CommitPlan) -> CommitRecord | None:
+    """While a hold is active: record ``plan`` as held (``sent: false``, the reason in
+    ``trinity_response``) and start the next batch. None when nothing holds commits."""
+    if not state.holds:
+        return None
+    reason = "; ".join(
+        f"reward drop of {h.agent_name}/{h.model}: window {h.window_start.isoformat()} "
+        f"mean {h.mean:.4g} < threshold {h.threshold:.4g}"
+        for h in state.holds
+    )
+    held = [
+        {"agent_name": h.agent_name, "model": h.model, "threshold": h.threshold}
+        for h in state.holds
+    ]
+    answer = json.dumps({"held": reason, "holds": held}, sort_keys=True)
+    return commit_done(state, plan, answer, sent=False, experiences=0)
+
+
+def is_held(record: CommitRecord) -> bool:
+    """Whether ``record`` is a commit held by :func:`held_commit` (not sent)."""
+    return record.held
+
+
 def _ms(t: datetime) -> int:
     return int(t.timestamp() * 1000)
 
@@ -135,6 +241,7 @@ def apply_ack(state: LedgerState, ack: FeedbackAck, now: datetime, cfg: LedgerCo
         state.batch_start = now
         state.batch_min = state.batch_max = r
     state.batch_count += 1
+    state.batch_requests += ack.feedbacks
     state.batch_sum += r
     state.batch_min = min(state.batch_min, r)
     state.batch_max = max(state.batch_max, r)
@@ -250,6 +357,7 @@ def due_commit(
         reward_min=state.batch_min,
         reward_max=state.batch_max,
         final=final,
+        requests=state.batch_requests,
     )
 
 
@@ -271,8 +379,10 @@ def commit_done(
     state.pending_commit = None
     state.batch_count -= plan.count
     state.batch_sum -= plan.reward_sum
+    state.batch_requests = max(0, state.batch_requests - plan.requests)
     if state.batch_count <= 0:
         state.batch_count, state.batch_sum, state.batch_start = 0, 0.0, None
+        state.batch_requests = 0
     else:
         state.batch_start = plan.interval_end
     state.last_commit = plan.interval_end
@@ -290,4 +400,5 @@ def commit_done(
         final=plan.final,
         sent=sent,
         experiences=experiences,
+        feedback_requests=plan.requests,
     )

@@ -4,8 +4,13 @@
 (key ``state``). :meth:`LedgerStage.apply` applies a batch of records (acknowledgements and
 ticks; each offset once, so records redelivered after a crash are not counted twice);
 :meth:`LedgerStage.decide` returns the windows and alerts that are due and the commit plan, if
-one is due. The commit itself follows :mod:`streams.core.commits`. The rules of windows and
-commit timing are in :mod:`streams.core.ledger`.
+one is due. The commit itself follows :mod:`streams.core.commits`. The rules of windows,
+commit timing and commit holds are in :mod:`streams.core.ledger`.
+
+Three record types belong on the ledger: :class:`~streams.models.FeedbackAck` (written by the
+feedback stage), :class:`~streams.models.Tick` (the ledger clock) and
+:class:`~streams.models.CommitResume` (an operator's ``trajstream commits resume``). Anything
+else, and these anywhere else, is a dead letter.
 
 May import: the standard library, the core, :mod:`streams.models`, :mod:`streams.codec`,
 :mod:`streams.errors`.
@@ -13,19 +18,31 @@ May import: the standard library, the core, :mod:`streams.models`, :mod:`streams
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
 from ..codec import SchemaRegistry
 from ..errors import RecordError
-from ..models import FeedbackAck, LedgerState, Tick
+from ..models import CommitResume, FeedbackAck, LedgerState, Tick
 from .effects import Out, Reject, Source
-from .ledger import CommitPlan, LedgerConfig, apply_ack, drift_alerts, due_commit, due_windows
+from .ledger import (
+    CommitPlan,
+    LedgerConfig,
+    apply_ack,
+    apply_resume,
+    drift_alerts,
+    due_commit,
+    due_windows,
+    update_holds,
+)
 from .store import Store
 
 __all__ = ["LEDGER_KEY", "Applied", "LedgerStage"]
 
 LEDGER_KEY = b"state"
+
+log = logging.getLogger("trajstream.ledger")
 
 
 @dataclass(slots=True)
@@ -72,6 +89,17 @@ class LedgerStage:
                         out.stats["ledger.duplicate_acks"] += 1
                 elif isinstance(record, Tick):
                     applied.final = applied.final or record.final
+                elif isinstance(record, CommitResume):
+                    ended = apply_resume(state, record)
+                    out.stats["ledger.holds_resumed"] += len(ended)
+                    for hold in ended:
+                        log.warning(
+                            "commits resumed for %s/%s by %s: %s",
+                            hold.agent_name,
+                            hold.model,
+                            record.requested_by or "an operator",
+                            record.reason or "no reason given",
+                        )
                 else:
                     raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
             except RecordError as exc:
@@ -88,6 +116,25 @@ class LedgerStage:
         for summary in summaries:
             key = f"{summary.agent_name}|{summary.model}|{summary.window_start.isoformat()}"
             out.emit("windows", key.encode(), summary)
-        for alert in drift_alerts(state, summaries, now, self.cfg):
+        alerts = drift_alerts(state, summaries, now, self.cfg)
+        for alert in alerts:
             out.emit("alerts", f"{alert.agent_name}|{alert.model}".encode(), alert)
+        started, ended = update_holds(state, summaries, alerts, now, self.cfg)
+        for hold in started:
+            out.stats["ledger.holds_started"] += 1
+            log.warning(
+                "commits held: %s/%s window mean %.4g < threshold %.4g",
+                hold.agent_name,
+                hold.model,
+                hold.mean,
+                hold.threshold,
+            )
+        for hold in ended:
+            out.stats["ledger.holds_recovered"] += 1
+            log.warning(
+                "commits resume: %s/%s recovered above %.4g",
+                hold.agent_name,
+                hold.model,
+                hold.threshold,
+            )
         return out, due_commit(state, now, self.cfg, final=final)

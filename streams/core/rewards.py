@@ -7,6 +7,11 @@ callable: ``reward_name``, ``reward_version`` (recorded with every reward) and
 feedback before scoring). Functions are named in the settings by dotted path
 (``package.module:function``) or by an entry point of group ``trajstream.rewards``.
 
+A result may carry a reward per LLM step (``RewardResult.step_rewards``, keyed by msg_id);
+``reward.step_discount`` (gamma) gives every step without one ``reward * gamma ** (n - 1 - i)``
+(step ``i`` of ``n``, so the last step gets the whole reward). The feedback stage then sends
+one ``/feedback`` per distinct reward (:func:`streams.core.feedback.feedback_requests`).
+
 Built-ins (all in [0, 1]): :func:`success`, :func:`answer_length`, :func:`tool_calls`,
 :func:`latency_efficiency`, :func:`user_rating`, and :class:`Composite`, a weighted sum of
 others with the weights normalised to 1::
@@ -50,8 +55,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RewardResult:
+    """A reward with named parts and, optionally, a reward per LLM step.
+
+    ``step_rewards`` is keyed by msg_id (the response id of an LLM step, as in
+    ``trajectory.msg_ids``); a step left out gets ``value``. Keyed by msg_id rather than by
+    position, so that a function cannot reward the wrong step when steps without a response id
+    are skipped::
+
+        def last_step_counts(trajectory):
+            ids = trajectory.msg_ids
+            return RewardResult(1.0, step_rewards={m: 0.2 for m in ids[:-1]})
+    """
+
     value: float
     components: Mapping[str, float] = field(default_factory=dict)
+    step_rewards: Mapping[str, float] = field(default_factory=dict)
 
 
 RewardFn = Callable[[Trajectory], "float | RewardResult"]
@@ -148,34 +166,55 @@ def load_reward(name: str, weights: Mapping[str, float] | None = None) -> Reward
     return _as_fn(load_object(name), name)
 
 
-def build_rewarder(function: str, weights: Mapping[str, float] | None = None) -> Rewarder:
-    """The rewarder for the settings' ``reward.function`` (and ``reward.weights``), as the live
-    workers and ``trajstream replay`` both build it, so every record names it the same way."""
+def build_rewarder(
+    function: str,
+    weights: Mapping[str, float] | None = None,
+    step_discount: float | None = None,
+) -> Rewarder:
+    """The rewarder for the settings' ``reward.function`` (and ``reward.weights``,
+    ``reward.step_discount``), as the live workers and ``trajstream replay`` both build it, so
+    every record names it the same way."""
     name = None if function == "composite" else function
-    return Rewarder(load_reward(function, weights), name=name)
+    return Rewarder(load_reward(function, weights), name=name, step_discount=step_discount)
 
 
 class Rewarder:
     """Applies one reward function to trajectories and builds the rewarded records."""
 
-    def __init__(self, fn: RewardFn, name: str | None = None):
+    def __init__(
+        self, fn: RewardFn, name: str | None = None, step_discount: float | None = None
+    ):
+        if step_discount is not None and not 0.0 < step_discount <= 1.0:
+            raise ConfigError(f"reward.step_discount must be in (0, 1], got {step_discount}")
         self.fn = fn
         self.name = name or getattr(fn, "reward_name", None) or _qualname(fn)
         self.version = str(getattr(fn, "reward_version", "1"))
+        if step_discount is not None:
+            # the discount changes what is sent: part of the recorded version (and so of a
+            # replay's identity); without it, versions stay as they were
+            self.version += f"+step_discount={step_discount:g}"
         self.wants_feedback = bool(getattr(fn, "wants_feedback", False))
+        self.step_discount = step_discount
 
     def __call__(self, trajectory: Trajectory) -> RewardedTrajectory:
         try:
             result = self.fn(trajectory)
             value = _value(result)
             components = dict(result.components) if isinstance(result, RewardResult) else {}
+            steps = (
+                {str(k): float(v) for k, v in result.step_rewards.items()}
+                if isinstance(result, RewardResult)
+                else {}
+            )
         except Exception as exc:
             raise RewardError(
                 f"reward function {self.name} raised {type(exc).__name__}: {exc}"
             ) from exc
         bad = [k for k, v in {"reward": value, **components}.items() if not math.isfinite(v)]
+        bad += [f"step reward of {k}" for k, v in steps.items() if not math.isfinite(v)]
         if bad:
             raise RewardError(f"reward function {self.name} returned a non-finite {', '.join(bad)}")
+        step_rewards = self._steps(trajectory.msg_ids, value, steps)
         mark = trajectory.mark
         return RewardedTrajectory(
             trajectory_id=trajectory.trajectory_id,
@@ -193,7 +232,23 @@ class Rewarder:
             event_time=trajectory.ended_at,
             labels=list(mark.labels) if mark else [],
             metadata=dict(mark.metadata) if mark else {},
+            step_rewards=step_rewards,
         )
+
+    def _steps(self, msg_ids: list[str], value: float, steps: dict[str, float]) -> dict[str, float]:
+        """Every msg_id's reward when they are not all ``value`` (else empty, the common case)."""
+        unknown = sorted(set(steps) - set(msg_ids))
+        if unknown:
+            raise RewardError(
+                f"reward function {self.name} rewarded steps that are not in the trajectory: "
+                f"{', '.join(unknown[:5])}"
+            )
+        gamma, n = self.step_discount, len(msg_ids)
+        out = {
+            m: steps[m] if m in steps else value if gamma is None else value * gamma ** (n - 1 - i)
+            for i, m in enumerate(msg_ids)
+        }
+        return out if any(r != value for r in out.values()) else {}
 
 
 def _qualname(fn: Any) -> str:

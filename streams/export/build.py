@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..core.backfill import Outcome
-from .dataset import ExportFile, dedupe, preference_pairs, ranking_pairs, sft_row, trajectory_row
+from .dataset import (
+    ExportFile,
+    correction_pairs,
+    correction_sft_rows,
+    dedupe,
+    preference_pairs,
+    ranking_pairs,
+    sft_row,
+    trajectory_row,
+)
 from .redact import Redactor
 
 __all__ = ["build_exports"]
@@ -42,9 +51,14 @@ def build_exports(
             continue
         sft_rows.append(redactor.redact_obj(row))
         sft_traces.append({"call_id": o.call_id, "reward": r.reward})
+    corrected = [p for o, _ in scored for p in correction_sft_rows(o.trajectory, o.feedback)]
+    sft_rows += [redactor.redact_obj(p.row) for p in corrected]
+    sft_traces += [p.trace for p in corrected]
 
     pairs = [p for o, _ in scored for p in preference_pairs(o.trajectory, o.feedback)]
     preference = len(pairs)
+    pairs += [p for o, _ in scored for p in correction_pairs(o.trajectory, o.feedback)]
+    corrections = len(pairs) - preference
     pairs += ranking_pairs(((o.trajectory, r) for o, r in scored), dpo_margin)
     dpo_rows = [redactor.redact_obj(p.row) for p in pairs]
     dpo_traces = [p.trace for p in pairs]
@@ -57,7 +71,12 @@ def build_exports(
             "openai-chat-fine-tuning",
             sft_rows,
             sft_traces,
-            {"min_reward": min_reward, "below_min_reward": below, "nothing_to_train_on": empty},
+            {
+                "min_reward": min_reward,
+                "below_min_reward": below,
+                "nothing_to_train_on": empty,
+                "from_corrections": len(corrected),
+            },
         ),
         (
             "dpo.jsonl",
@@ -67,7 +86,8 @@ def build_exports(
             {
                 "dpo_margin": dpo_margin,
                 "from_preference_feedback": preference,
-                "from_reward_ranking": len(pairs) - preference,
+                "from_corrections": corrections,
+                "from_reward_ranking": len(pairs) - preference - corrections,
             },
         ),
     ):

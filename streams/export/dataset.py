@@ -6,11 +6,13 @@ Three JSON-lines files, built by pure functions from trajectories and their rewa
   (the :class:`~streams.models.Trajectory` and :class:`~streams.models.RewardedTrajectory`
   records as JSON).
 - ``sft.jsonl``: OpenAI chat fine-tuning rows, ``{"messages": [...]}``, from trajectories whose
-  reward passes a threshold (:func:`sft_row`).
+  reward passes a threshold (:func:`sft_row`), and from CORRECTION feedback: the prompt, then
+  the user's correction as the answer (:func:`correction_sft_rows`).
 - ``dpo.jsonl``: OpenAI preference fine-tuning rows, ``{"input": {"messages": [...]},
   "preferred_output": [...], "non_preferred_output": [...]}``, from PREFERENCE feedback
-  (:func:`preference_pairs`) and from reward ranking of trajectories that share a prompt
-  (:func:`ranking_pairs`).
+  (:func:`preference_pairs`), from CORRECTION feedback (the correction preferred over the
+  output it corrects, :func:`correction_pairs`) and from reward ranking of trajectories that
+  share a prompt (:func:`ranking_pairs`).
 
 Exact duplicate rows are removed (:func:`dedupe`). Every row is validated against its format
 (:class:`SftRow`, :class:`DpoRow`) before it is written. Files are written to a temporary name
@@ -62,6 +64,8 @@ __all__ = [
     "SftRow",
     "canonical",
     "check_writable",
+    "correction_pairs",
+    "correction_sft_rows",
     "dedupe",
     "preference_pairs",
     "ranking_pairs",
@@ -376,6 +380,76 @@ def preference_pairs(trajectory: Trajectory, feedback: Iterable[UserFeedback]) -
                     )
                 )
     return pairs
+
+
+def _corrected_step(trajectory: Trajectory, fb: UserFeedback) -> Completion | None:
+    """The LLM step a correction replaces: the one its ``response_id`` names, else the last
+    LLM step that said something (the call's answer)."""
+    llm = [s for s in trajectory.steps if s.kind is StepKind.LLM]
+    named = next((s for s in llm if fb.response_id and s.response_id == fb.response_id), None)
+    if named is not None:
+        return named
+    return next((s for s in reversed(llm) if _assistant_text(s)), None)
+
+
+def _corrections(trajectory: Trajectory, feedback: Iterable[UserFeedback]) -> list[Row]:
+    """Per CORRECTION feedback with text: the prompt, the model's text and the correction."""
+    out: list[Row] = []
+    for fb in feedback:
+        text = (fb.correction or "").strip()
+        if fb.kind is not FeedbackKind.CORRECTION or not text:
+            continue
+        step = _corrected_step(trajectory, fb)
+        if step is not None:
+            prompt, rejected, rid = (
+                _prompt_before(trajectory, step),
+                _assistant_text(step),
+                (step.response_id),
+            )
+        else:  # no recorded LLM output: the call's input and output
+            prompt = [_message(m) for m in trajectory.input_messages]
+            rejected, rid = trajectory.output or "", None
+        out.append(
+            {
+                "prompt": prompt,
+                "rejected": rejected,
+                "correction": text,
+                "trace": {
+                    "source": "correction",
+                    "call_id": trajectory.call_id,
+                    "feedback_event_id": fb.event_id,
+                    "corrected_response_id": rid,
+                },
+            }
+        )
+    return out
+
+
+def correction_pairs(trajectory: Trajectory, feedback: Iterable[UserFeedback]) -> list[Pair]:
+    """DPO rows from CORRECTION feedback: the user's correction preferred over the model's
+    output it corrects (the step its ``response_id`` names, else the call's last answer), with
+    the prompt the model saw then. A correction equal to the output, or of an output with no
+    text, makes no row."""
+    pairs = []
+    for c in _corrections(trajectory, feedback):
+        row = _pair_row(c["prompt"], c["correction"], c["rejected"])
+        if row is not None:
+            pairs.append(Pair(row, c["trace"]))
+    return pairs
+
+
+def correction_sft_rows(trajectory: Trajectory, feedback: Iterable[UserFeedback]) -> list[Pair]:
+    """SFT rows from CORRECTION feedback: the prompt the corrected output answered, then the
+    correction as the assistant's answer (whatever the trajectory's reward: a person wrote it)."""
+    rows = []
+    for c in _corrections(trajectory, feedback):
+        row = {"messages": [*c["prompt"], {"role": "assistant", "content": c["correction"]}]}
+        try:
+            SftRow.model_validate(row)
+        except ValueError:
+            continue
+        rows.append(Pair(row, c["trace"]))
+    return rows
 
 
 def _final_text(trajectory: Trajectory) -> str:

@@ -49,7 +49,7 @@ METRICS: dict[str, str] = {
     "trajstream_trinity_errors_total": "failed Trinity requests, per route (feedback, commit, "
     "metrics) and error (unavailable, rejected, invalid)",
     "trajstream_commits_total": "commits recorded, per result (sent; not_sent: nothing ready "
-    "at Trinity)",
+    "at Trinity; held: commit.hold_on_drift after a reward drop)",
     "trajstream_last_commit_timestamp_seconds": "Unix time of the last commit (on the worker "
     "that holds the ledger)",
     "trajstream_seconds_since_last_commit": "seconds since the last commit (on the worker that "
@@ -203,9 +203,10 @@ class Metrics:
         )
         self._trinity.labels(route, error).inc()
 
-    def commit(self, *, sent: bool) -> None:
-        """A commit was recorded on <p>.commits (``sent=False``: nothing ready at Trinity)."""
-        self._commits.labels("sent" if sent else "not_sent").inc()
+    def commit(self, *, sent: bool, held: bool = False) -> None:
+        """A commit was recorded on <p>.commits (``sent=False``: nothing ready at Trinity, or
+        ``held`` on a reward drop)."""
+        self._commits.labels("sent" if sent else "held" if held else "not_sent").inc()
 
     def ledger(self, state: LedgerState) -> None:
         """The ledger's state after a batch: when it last committed, what waits for a commit."""

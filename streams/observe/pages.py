@@ -73,6 +73,10 @@ def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
+def _commit_result(c: CommitRecord) -> str:
+    return "sent" if c.sent else "held (reward drop)" if c.held else "not sent (nothing ready)"
+
+
 def _t(value: datetime | None) -> str:
     return "-" if value is None else f"{value:%Y-%m-%d %H:%M:%S}"
 
@@ -222,7 +226,7 @@ def index_html(
     commit_rows = "".join(
         f"<tr><td>{c.commit_seq}</td><td>{_t(c.interval_end)}</td><td>{c.feedback_count}</td>"
         f"<td>{'-' if c.reward_mean is None else f'{c.reward_mean:.3f}'}</td>"
-        f"<td>{'sent' if c.sent else 'not sent (nothing ready)'}</td>"
+        f"<td>{_commit_result(c)}</td>"
         f"<td>{'-' if c.experiences is None else c.experiences}</td></tr>"
         for c in reversed(commits)
     )

@@ -571,6 +571,16 @@ def hints(s: Status) -> list[Hint]:
                 "fix the producer or the setting, then replay the source range",
             )
         )
+    last = max(s.commits, key=lambda c: c.commit_seq, default=None)
+    if last is not None and last.held:
+        out.append(
+            Hint(
+                "warning",
+                f"commits are held (commit.hold_on_drift): {last.held_reason}",
+                "nothing reaches the trainer until a later window of that agent and model "
+                "recovers; once the drop is understood: `trajstream commits resume`",
+            )
+        )
     for alert in s.alerts:
         out.append(
             Hint(
@@ -635,7 +645,7 @@ def render(s: Status, console: Any) -> None:
             f"{c.interval_end:%H:%M:%S}",
             str(c.feedback_count),
             "-" if c.reward_mean is None else f"{c.reward_mean:.3f}",
-            "yes" if c.sent else "no (nothing ready)",
+            "yes" if c.sent else "no (held: reward drop)" if c.held else "no (nothing ready)",
         )
     console.print(commits if s.commits else "last commits: none yet")
 

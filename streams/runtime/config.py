@@ -34,4 +34,5 @@ def ledger_config_of(settings: Settings) -> LedgerConfig:
         grace=timedelta(seconds=settings.windows.grace_s),
         drift_fraction=settings.windows.drift_fraction,
         drift_history=settings.windows.drift_history,
+        hold_on_drift=settings.commit.hold_on_drift,
     )

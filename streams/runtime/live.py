@@ -11,7 +11,9 @@ Faust's deserializer.
                   (:class:`~streams.core.assemble.Assembler`; tables ``pending``, ``closed``)
 2. ``reward``     trajectories + user-feedback + ticks -> rewarded
                   (:class:`~streams.core.reward_join.RewardJoin`; table ``awaiting``)
-3. ``feedback``   rewarded -> POST /feedback (:func:`streams.io.trinity.retrying`) -> ledger
+3. ``feedback``   rewarded -> POST /feedback, one per distinct step reward
+                  (:func:`streams.core.feedback.feedback_requests`,
+                  :func:`streams.io.trinity.retrying`) -> ledger
 4. ``ledger``     ledger (acks + ticks) -> windows, alerts, POST /commit, commits
                   (:class:`~streams.core.ledger_stage.LedgerStage` and
                   :mod:`streams.core.commits`; table ``ledger``, one partition: one decision
@@ -49,7 +51,8 @@ from ..core.assemble import Assembler
 from ..core.clock import wall_clock
 from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
-from ..core.ledger import CommitPlan, due_commit
+from ..core.feedback import FeedbackRequest, feedback_requests
+from ..core.ledger import CommitPlan, due_commit, is_held
 from ..core.ledger_stage import LedgerStage
 from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
@@ -143,7 +146,7 @@ class Pipeline:
             mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
         )
         self.rewarder = rewarder or build_rewarder(
-            settings.reward.function, settings.reward.weights
+            settings.reward.function, settings.reward.weights, settings.reward.step_discount
         )
         self.limits = limits_of(settings)
         self.ledger_cfg = ledger_config_of(settings)
@@ -444,29 +447,38 @@ class Pipeline:
 
     async def _feedback(self, src: Source) -> None:
         rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
-
-        async def send() -> None:
-            async with self._http_slots:
-                await self.trinity.feedback(
-                    rewarded.msg_ids, rewarded.reward, rewarded.task_id, rewarded.run_id
-                )
+        # one request per distinct step reward (one in the common case); all acknowledged
+        # before the trajectory's one acknowledgement goes to the ledger
+        requests = feedback_requests(rewarded)
 
         def retried() -> None:
             self.stats["feedback.retries"] += 1
             self.metrics.feedback_retry()
 
         started = time.monotonic()
-        try:
-            attempts, _ = await retrying(
-                send, self.retry, f"feedback for {rewarded.call_id}", on_retry=retried
-            )
-        except TrinityGaveUp as exc:
-            raise RecordError(str(exc)) from exc
-        except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
-            raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
+        attempts = 0
+        for request in requests:
+
+            async def send(request: FeedbackRequest = request) -> None:
+                async with self._http_slots:
+                    await self.trinity.feedback(
+                        request.msg_ids, request.reward, request.task_id, request.run_id
+                    )
+
+            try:
+                tries, _ = await retrying(
+                    send, self.retry, f"feedback for {rewarded.call_id}", on_retry=retried
+                )
+            except TrinityGaveUp as exc:
+                raise RecordError(str(exc)) from exc
+            except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
+                raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
+            attempts = max(attempts, tries)
         self.stats["feedback.acked"] += 1
         self.metrics.feedback_acked(time.monotonic() - started)
-        ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
+        ack = FeedbackAck(
+            rewarded=rewarded, acked_at=utcnow(), attempts=attempts, feedbacks=len(requests)
+        )
         await self.t_ledger.send(
             key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
         )
@@ -513,12 +525,19 @@ class Pipeline:
     async def _recorded(self, record: CommitRecord | None) -> None:
         if record is None:
             return
-        self.stats["commits" if record.sent else "commits.not_sent"] += 1
-        self.metrics.commit(sent=record.sent)
+        held = is_held(record)
+        self.stats[
+            "commits" if record.sent else "commits.held" if held else "commits.not_sent"
+        ] += 1
+        self.metrics.commit(sent=record.sent, held=held)
         log.info(
             "commit %d%s: %d feedbacks",
             record.commit_seq,
-            "" if record.sent else " (not sent: nothing ready at Trinity)",
+            ""
+            if record.sent
+            else " (held: rewards dropped)"
+            if held
+            else " (not sent: nothing ready at Trinity)",
             record.feedback_count,
         )
         await self.t_commits.send(

@@ -409,10 +409,10 @@ async def run_replay(
         rate=settings.selection.rate,
         mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
     )
-    weights = settings.reward.weights
-    rewarders = [build_rewarder(options.reward or settings.reward.function, weights)]
+    weights, gamma = settings.reward.weights, settings.reward.step_discount
+    rewarders = [build_rewarder(options.reward or settings.reward.function, weights, gamma)]
     if options.compare_reward:
-        rewarders.append(build_rewarder(options.compare_reward, weights))
+        rewarders.append(build_rewarder(options.compare_reward, weights, gamma))
     redactor = Redactor(options.redact_patterns, enabled=options.redact)  # files
     task_redactor = Redactor(options.redact_patterns, enabled=options.redact)  # Trinity task_id
     pacer = CommitPacer(

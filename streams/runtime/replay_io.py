@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..codec import SchemaRegistry
 from ..core.backfill import CommitPacer, ack_key, commit_key, ledger_key, read_ledger
 from ..core.commits import resolve_commit, write_ahead_commit
+from ..core.feedback import feedback_requests
 from ..core.ledger import CommitPlan
 from ..core.retry import RetryPolicy
 from ..errors import BrokerError, ConfigError, TrinityError, TrinityRejected
@@ -236,6 +237,7 @@ async def send_to_trinity(
     try:
         recorded: list[Any] = []
         batch: list[float] = []
+        batch_requests: list[int] = []  # /feedback requests per acknowledged trajectory
         opened = utcnow()
 
         async def save(s: LedgerState) -> None:
@@ -249,6 +251,7 @@ async def send_to_trinity(
             await save(state)
             pacer.committed(time.monotonic())
             batch.clear()
+            batch_requests.clear()
             opened = utcnow()
 
         class Port:
@@ -274,6 +277,7 @@ async def send_to_trinity(
                 reward_sum=sum(batch),
                 reward_min=min(batch, default=0.0),
                 reward_max=max(batch, default=0.0),
+                requests=sum(batch_requests),
             )
             record = await write_ahead_commit(state, plan, port, save)
             if record is None:
@@ -282,6 +286,7 @@ async def send_to_trinity(
             record.reward_mean = statistics.fmean(batch) if batch else None
             record.reward_min = min(batch, default=None)
             record.reward_max = max(batch, default=None)
+            record.feedback_requests = sum(batch_requests) if batch else None
             await publish(record)
 
         if state.pending_commit is not None:
@@ -296,22 +301,32 @@ async def send_to_trinity(
             task = bar.add_task("feedback to Trinity", total=len(result.plan.send))
             for rewarded in result.plan.send:
                 result.sent += 1
-                send = functools.partial(
-                    trinity.feedback,
-                    rewarded.msg_ids,
-                    rewarded.reward,
-                    rewarded.task_id,
-                    rewarded.run_id,
-                )
+                requests = feedback_requests(rewarded)  # one per distinct step reward
+                attempts = 0
                 try:
-                    attempts, _ = await retried(send, f"feedback for {rewarded.call_id}")
+                    for request in requests:
+                        send = functools.partial(
+                            trinity.feedback,
+                            request.msg_ids,
+                            request.reward,
+                            request.task_id,
+                            request.run_id,
+                        )
+                        tries, _ = await retried(send, f"feedback for {rewarded.call_id}")
+                        attempts = max(attempts, tries)
                 except TrinityRejected as exc:
                     result.rejected.append((rewarded.call_id, str(exc)))
                     bar.advance(task)
                     continue
                 result.acked += 1
                 batch.append(rewarded.reward)
-                ack = FeedbackAck(rewarded=rewarded, acked_at=utcnow(), attempts=attempts)
+                batch_requests.append(len(requests))
+                ack = FeedbackAck(
+                    rewarded=rewarded,
+                    acked_at=utcnow(),
+                    attempts=attempts,
+                    feedbacks=len(requests),
+                )
                 recorded.append(
                     await producer.send(
                         topic, key=ack_key(rid, rewarded.trajectory_id), value=codec.encode(ack)

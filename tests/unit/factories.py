@@ -17,7 +17,9 @@ from streams.models import (
     CallStatus,
     ChatMessage,
     ClosedCall,
+    CommitHold,
     CommitRecord,
+    CommitResume,
     Completion,
     DeadLetter,
     DriftAlert,
@@ -313,6 +315,16 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
                 reward_max=1.0,
             ),
             trailing={"researcher|qwen": [0.5, 0.75]},
+            holds=[
+                CommitHold(
+                    agent_name="researcher",
+                    model="qwen",
+                    threshold=0.6,
+                    window_start=T0,
+                    mean=0.2,
+                    since=at(61),
+                )
+            ],
         ),
         SelectionDecision: SelectionDecision(
             call_id="call-1",
@@ -336,5 +348,12 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             trailing_windows=3,
             fraction=0.8,
             raised_at=at(61),
+        ),
+        CommitResume: CommitResume(
+            agent_name="researcher",
+            model=None,
+            requested_at=at(70),
+            requested_by="ops",
+            reason="checked the drop",
         ),
     }

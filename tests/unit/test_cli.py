@@ -25,3 +25,24 @@ def test_audit_columns_fit_long_strategy_names() -> None:
 
 def test_audit_table_without_decisions_is_the_header() -> None:
     assert audit_table({}).split() == ["agent", "strategy", "decision", "reason", "calls"]
+
+
+def test_commits_resume_parses_its_filters() -> None:
+    from streams.cli import build_parser, cmd_commits_resume
+
+    args = build_parser().parse_args(["commits", "resume", "--agent", "a", "--by", "ops"])
+    assert (args.func, args.agent, args.model, args.by, args.reason) == (
+        cmd_commits_resume,
+        "a",
+        None,
+        "ops",
+        "",
+    )
+
+
+def test_hold_on_drift_reaches_the_ledger_config() -> None:
+    from streams.runtime.config import ledger_config_of
+    from streams.settings import Settings
+
+    assert not ledger_config_of(Settings()).hold_on_drift
+    assert ledger_config_of(Settings(commit={"hold_on_drift": True})).hold_on_drift

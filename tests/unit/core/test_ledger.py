@@ -147,9 +147,11 @@ def test_commit_plan_and_record() -> None:
         reward_min=0.2,
         reward_max=1.0,
         final=False,
+        requests=3,
     )
     record = commit_done(state, plan, '{"status": "ok"}')
     assert (record.commit_seq, record.feedback_count, record.final) == (0, 3, False)
+    assert record.feedback_requests == 3
     assert (record.interval_start, record.interval_end) == (at(10), at(300))
     assert record.reward_mean == pytest.approx(0.6)
     assert (record.reward_min, record.reward_max) == (0.2, 1.0)
@@ -426,3 +428,19 @@ def test_a_sent_commit_remembers_trinitys_ready_count() -> None:
     record = commit_done(state, plan, "{}", experiences=5)
     assert record.sent and record.experiences == 5
     assert state.ready_at_last_commit == 12
+
+
+def test_feedback_requests_are_counted_once_per_trajectory() -> None:
+    """Per-step rewards: a trajectory's acknowledgement says how many /feedback requests it
+    took; a redelivered acknowledgement counts neither the trajectory nor its requests again."""
+    three = make_ack(0.5, tid="steps").model_copy(update={"feedbacks": 3})
+    state = LedgerState()
+    assert apply_ack(state, three, at(1), CFG)
+    assert not apply_ack(state, three, at(2), CFG)  # redelivered
+    assert apply_ack(state, make_ack(0.5), at(3), CFG)
+    assert (state.batch_count, state.batch_requests) == (2, 4)
+    plan = due_commit(state, at(300), CFG)
+    assert plan is not None and plan.requests == 4
+    record = commit_done(state, plan, "{}")
+    assert (record.feedback_count, record.feedback_requests) == (2, 4)
+    assert state.batch_requests == 0

@@ -9,7 +9,7 @@ import pytest
 
 from streams.core.reward_join import NOTHING_TRAINABLE
 from streams.core.rewards import build_rewarder
-from streams.models import RewardedTrajectory, StepKind
+from streams.models import FeedbackKind, RewardedTrajectory, StepKind
 from tests.unit.core.harness import Core
 from tests.unit.factories import at, end, feedback, start, step
 
@@ -124,3 +124,36 @@ def test_a_trajectory_or_a_tick_on_the_user_feedback_topic_is_a_dead_letter() ->
         "io.trajstream.Tick does not belong on user-feedback"
     ]
     assert core.topic("rewarded") == []
+
+
+def corrected_means_wrong(t):  # type: ignore[no-untyped-def]
+    """The README's example: a call a user corrected gets 0, others 1 when they succeeded."""
+    from streams.models import CallStatus, FeedbackKind
+
+    if any(f.kind is FeedbackKind.CORRECTION and f.correction for f in t.feedback):
+        return 0.0
+    return 1.0 if t.status is CallStatus.OK else 0.0
+
+
+corrected_means_wrong.wants_feedback = True  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("fb", "expected"),
+    [
+        (None, [(1.0, 0)]),
+        ({"kind": FeedbackKind.CORRECTION, "rating": None, "correction": "Canberra."}, [(0.0, 1)]),
+        ({"kind": FeedbackKind.CORRECTION, "rating": None, "correction": None}, [(1.0, 1)]),
+        ({"rating": 5.0}, [(1.0, 1)]),
+    ],
+)
+def test_a_reward_function_reads_corrections_live(fb: dict | None, expected: list) -> None:  # type: ignore[type-arg]
+    from streams.core.rewards import Rewarder
+
+    core = Core(rewarder=Rewarder(corrected_means_wrong), feedback_grace=timedelta(seconds=10))
+    for record, seconds in CALL:
+        core.event(record, at(seconds))
+    if fb is not None:
+        core.feedback(feedback(**fb), at(5))
+    core.tick(at(20))
+    assert rewards(core) == expected

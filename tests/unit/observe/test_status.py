@@ -115,6 +115,22 @@ def test_a_healthy_deployment_needs_nothing():
             "warning",
             "reward drift: bot/m window mean 0.200 < 0.8 x trailing 0.900",
         ),
+        (
+            {
+                "commits": [
+                    CommitRecord(
+                        commit_seq=1,
+                        interval_start=T0,
+                        interval_end=at(3500),
+                        feedback_count=2,
+                        sent=False,
+                        trinity_response='{"held": "reward drop of bot/m", "holds": []}',
+                    )
+                ]
+            },
+            "warning",
+            "commits are held (commit.hold_on_drift): reward drop of bot/m",
+        ),
     ],
 )
 def test_each_state_that_needs_attention_has_a_hint(changes, level, says):
@@ -196,3 +212,16 @@ def test_screen_marks_the_ledger_owner():
 
 def test_timestamps_are_utc():
     assert snapshot().at.utcoffset() == timedelta(0)
+
+
+def test_a_commit_not_sent_for_nothing_ready_is_not_a_hold():
+    record = CommitRecord(
+        commit_seq=1,
+        interval_start=T0,
+        interval_end=at(3500),
+        feedback_count=0,
+        sent=False,
+        trinity_response='{"not_sent": "nothing ready at Trinity"}',
+    )
+    assert not record.held and record.held_reason == ""
+    assert hints(snapshot(commits=[record])) == []

@@ -15,6 +15,7 @@ import pytest
 import streams.runtime.live as live
 from streams.codec import SchemaRegistry
 from streams.core.backfill import plan_feedback
+from streams.core.feedback import feedback_requests
 from streams.core.store import MemoryStore
 from streams.models import (
     AvroModel,
@@ -70,6 +71,16 @@ CASES: dict[str, tuple[dict[str, Any], list[Row], float]] = {
         [(0.5, "feedback", feedback("c1", rating=1.0), None), *call("c1"), *call("c2", 3)],
         40,
     ),
+    "per-step rewards by discount": (
+        {"reward": {"step_discount": 0.5}},
+        call("c1", steps=3) + call("c2", 3, steps=1),
+        10,
+    ),
+    "per-step rewards from the function": (
+        {"reward": {"function": "tests.unit.core.test_step_rewards:first_steps_half"}},
+        call("c1", steps=3),
+        10,
+    ),
     "a tick on the feedback topic": (
         {},
         [*call("c1"), (5, "feedback", Tick(at=at(900)), b"c1")],
@@ -94,7 +105,7 @@ class Result:
     decisions: list[SelectionDecision]
     trajectories: list[Trajectory]
     rewards: list[RewardedTrajectory]
-    feedback: list[list[str]]
+    feedback: list[tuple[list[str], float]]
     rejects: list[tuple[str, str]]
 
 
@@ -121,10 +132,10 @@ class Event:
 class FeedbackTrinity(ScriptedTrinity):
     def __init__(self) -> None:
         super().__init__([m(0, 0)] * 10)
-        self.feedbacks: list[list[str]] = []
+        self.feedbacks: list[tuple[list[str], float]] = []
 
-    async def feedback(self, msg_ids: list[str], *args: Any) -> dict[str, Any]:
-        self.feedbacks.append(list(msg_ids))
+    async def feedback(self, msg_ids: list[str], reward: float, *args: Any) -> dict[str, Any]:
+        self.feedbacks.append((list(msg_ids), reward))
         return {"status": "success"}
 
     async def aclose(self) -> None:
@@ -231,7 +242,11 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
         runner.decisions,
         [o.trajectory for o in runner.outcomes],
         rewards,
-        [r.msg_ids for r in plan_feedback(rewards, set()).send],
+        [
+            (q.msg_ids, q.reward)
+            for r in plan_feedback(rewards, set()).send
+            for q in feedback_requests(r)
+        ],
         sorted((r.stage, r.reason) for r in runner.rejects),
     )
 
@@ -256,6 +271,7 @@ def test_the_cases_cover_what_matters() -> None:
     assert {"assemble", "reward", "late"} <= stages
     assert any(d.closed_reason.startswith("abandoned") for r in results for d in r.decisions)
     assert any(fb for r in results for t in r.rewards for fb in [t.reward != 0.5])
+    assert any(len(r.feedback) > len(r.rewards) for r in results)  # per-step requests
 
 
 def test_the_live_ledger_records_experiences_on_its_first_commit(

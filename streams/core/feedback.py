@@ -1,0 +1,43 @@
+"""Stage 3's rule, feedback: which ``/feedback`` requests one rewarded trajectory becomes.
+
+Trinity takes one reward per request, for a list of msg_ids. A trajectory whose steps share one
+reward is one request, as before; with per-step rewards
+(:attr:`~streams.models.RewardedTrajectory.step_rewards`) it is one request per distinct reward,
+with exactly the msg_ids that have it, in step order, the requests in the order of each reward's
+first step. Both runners (the live feedback stage and ``trajstream replay``) send these, then
+record one acknowledgement for the trajectory (counted once by the ledger, with the number of
+requests). A redelivery sends them all again: Trinity ignores a msg_id it rewarded before, so a
+set interrupted half-way is completed, and nothing is counted twice.
+
+May import: the standard library, :mod:`streams.models`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..models import RewardedTrajectory
+
+__all__ = ["FeedbackRequest", "feedback_requests"]
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackRequest:
+    """One ``/feedback`` body: ``{"msg_ids": msg_ids, "reward": reward, task_id, run_id}``."""
+
+    msg_ids: list[str]
+    reward: float
+    task_id: str
+    run_id: int
+
+
+def feedback_requests(rewarded: RewardedTrajectory) -> list[FeedbackRequest]:
+    """The ``/feedback`` requests of ``rewarded``: one per distinct reward, see the module."""
+    groups: dict[float, list[str]] = {}
+    for msg_id in rewarded.msg_ids:
+        reward = rewarded.step_rewards.get(msg_id, rewarded.reward)
+        groups.setdefault(reward, []).append(msg_id)
+    return [
+        FeedbackRequest(ids, reward, rewarded.task_id, rewarded.run_id)
+        for reward, ids in groups.items()
+    ]
