@@ -13,7 +13,9 @@ flush to a broker that is not there). Here:
   synchronizer's source as read in aiokafka 0.14.0; any other is left alone);
 - :class:`Repeats`: a logging filter on aiokafka's loggers that lets each distinct message
   through a few times a minute and then says, once a minute, how many it held back;
-- :class:`BoundedWorker`: Faust's worker, whose stop after SIGTERM or SIGINT is given
+- :class:`BoundedWorker`: Faust's worker without its terminal spinner (whose handler puts the
+  root logger at DEBUG: a log record built for every send, about 4.5 % of a worker's samples
+  in an outside profile), and whose stop after SIGTERM or SIGINT is given
   ``stop_timeout_s``; past it the process exits at once (code 1), as a SIGKILL would end it.
   That commits nothing: offsets not committed are read again by the next owner (delivery is
   at-least-once and every effect is idempotent), and a write-ahead commit is resolved by it.
@@ -159,6 +161,9 @@ class BoundedWorker(faust.Worker):
 
     def __init__(self, *args: Any, stop_timeout_s: float = 15.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # faust's terminal spinner (on at log level warn and above) puts the root logger at
+        # DEBUG, so every send builds a debug record that no handler prints
+        self.spinner = None
         self.stop_timeout_s = stop_timeout_s
         self._watchdog: threading.Timer | None = None
 

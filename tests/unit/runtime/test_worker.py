@@ -74,3 +74,18 @@ def test_the_metadata_backoff_patches_the_known_synchronizer_only(monkeypatch) -
         assert AIOKafkaClient._md_synchronizer is worker._md_synchronizer
     finally:
         AIOKafkaClient._md_synchronizer = original  # type: ignore[method-assign]
+
+
+def test_the_worker_has_no_spinner_that_would_put_the_root_logger_at_debug() -> None:
+    import faust
+
+    from streams.runtime.worker import BoundedWorker
+
+    app = faust.App("t-spinner", broker="kafka://127.0.0.1:9")
+    w = BoundedWorker(app, loglevel="warn", quiet=True, stop_timeout_s=3)
+    assert w.spinner is None
+    assert w.stop_timeout_s == 3
+    root = logging.getLogger()
+    level = root.level
+    w._setup_spinner_handler(root, logging.WARNING)
+    assert root.level == level, "no handler put the root logger at DEBUG"
