@@ -16,8 +16,8 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 
 
-def test_services_are_the_broker_the_standin_the_workers_and_a_producer() -> None:
-    assert {"kafka", "standin", "worker", "producer"} <= set(SERVICES)
+def test_services_are_the_broker_the_standin_the_workers_the_gateway_and_a_producer() -> None:
+    assert {"kafka", "standin", "worker", "gateway", "producer"} <= set(SERVICES)
     assert SERVICES["kafka"]["image"].startswith("apache/kafka:4.")
     env = SERVICES["kafka"]["environment"]
     assert "broker" in env["KAFKA_PROCESS_ROLES"] and "controller" in env["KAFKA_PROCESS_ROLES"]
@@ -47,6 +47,15 @@ def test_workers_and_producer_reach_the_broker_and_the_standin_by_service_name()
         assert env["TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS"] == "kafka:9092"
         assert env["TRAJSTREAM_TRINITY__URL"] == "http://standin:8010"
     assert SERVICES["standin"]["command"][-1] == "8010"
+
+
+def test_the_gateway_routes_by_the_workers_strategy_to_the_standin() -> None:
+    gateway, worker = SERVICES["gateway"]["environment"], SERVICES["worker"]["environment"]
+    assert gateway["TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert gateway["TRAJSTREAM_TRINITY__URL"] == "http://standin:8010"
+    for key in ("TRAJSTREAM_SELECTION__STRATEGY", "TRAJSTREAM_SELECTION__RATE"):
+        assert gateway[key] == worker[key], "the gateway must route as the workers select"
+    assert "8000:8000" in SERVICES["gateway"]["ports"]
 
 
 def test_dockerfile_copies_what_the_package_needs() -> None:
