@@ -342,10 +342,16 @@ def _summary(
         str(len(acked)),
         f"{sum(len(f.applied) for f in acked)} msg_ids rewarded at the stand-in",
     )
+    not_sent = sum(1 for c in commits if not c.sent)
     table.add_row(
         "commits",
         str(len(commits)),
-        f"stand-in: {sum(1 for c in state.commits if c.status == 200)} commits, "
+        (
+            f"{not_sent} recorded but not sent (nothing left at Trinity, or held); "
+            if not_sent
+            else ""
+        )
+        + f"stand-in: {sum(1 for c in state.commits if c.status == 200)} commits, "
         f"{len(state.trained)} experiences trained, explore step {state.explore_step}",
     )
     table.add_row("dead letters", str(len(letters)), "")
@@ -376,7 +382,8 @@ def _summary(
             s.call_id for s in sims if s.upstream == "trinity"
         }
         == {s.call_id for s in expected},
-        "commits recorded = commits received": len(commits)
+        # a batch an earlier commit already drained is recorded with sent: false, not sent
+        "commits sent = commits received": sum(1 for c in commits if c.sent)
         == sum(1 for c in state.commits if c.status == 200),
         "feedback in commits = feedback acknowledged": sum(c.feedback_count for c in commits)
         == len(acked),
