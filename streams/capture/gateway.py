@@ -229,6 +229,14 @@ class UpstreamFailed(Exception):
         self.type_ = type_
 
 
+def upstream_failed(which: str, exc: BaseException, what: str) -> UpstreamFailed:
+    """The OpenAI-shaped failure for an upstream that timed out (504) or failed on the
+    connection (502); ``what`` says what the connection did ("could not be reached", ...)."""
+    if isinstance(exc, TimeoutError):
+        return UpstreamFailed(504, f"the {which} model did not answer in time", "upstream_timeout")
+    return UpstreamFailed(502, f"the {which} model {what}: {type(exc).__name__}", "upstream_error")
+
+
 @dataclass
 class GatewayStats:
     requests: int = 0
@@ -496,16 +504,8 @@ class Gateway:
         url, headers, data = self._upstream(which, body, raw)
         try:
             return await self._session.post(url, data=data, headers=headers)
-        except TimeoutError:
-            raise UpstreamFailed(
-                504, f"the {which} model did not answer in time", "upstream_timeout"
-            ) from None
-        except aiohttp.ClientError as exc:
-            raise UpstreamFailed(
-                502,
-                f"the {which} model could not be reached: {type(exc).__name__}",
-                "upstream_error",
-            ) from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise upstream_failed(which, exc, "could not be reached") from None
 
     def _upstream_error(self, exc: UpstreamFailed, headers: dict[str, str]) -> web.Response:
         self.stats.upstream_errors += 1
@@ -561,22 +561,8 @@ class Gateway:
                 data = await upstream.read()
         except UpstreamFailed as exc:
             return self._upstream_error(exc, headers)
-        except TimeoutError:
-            return self._upstream_error(
-                UpstreamFailed(
-                    504, f"the {route.upstream} model did not answer in time", "upstream_timeout"
-                ),
-                headers,
-            )
-        except aiohttp.ClientError as exc:
-            return self._upstream_error(
-                UpstreamFailed(
-                    502,
-                    f"the {route.upstream} model broke off: {type(exc).__name__}",
-                    "upstream_error",
-                ),
-                headers,
-            )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_error(upstream_failed(route.upstream, exc, "broke off"), headers)
         latency = (time.perf_counter() - began) * 1000
         content_type = upstream.headers.get("Content-Type", "application/json")
         response = web.Response(status=upstream.status, body=data, headers=headers)
@@ -716,22 +702,8 @@ class Gateway:
                 )
                 response.headers["X-Trajstream-Upstream"] = which
                 return response
-        except TimeoutError:
-            return self._upstream_error(
-                UpstreamFailed(
-                    504, f"the {which} model did not answer in time", "upstream_timeout"
-                ),
-                {},
-            )
-        except aiohttp.ClientError as exc:
-            return self._upstream_error(
-                UpstreamFailed(
-                    502,
-                    f"the {which} model could not be reached: {type(exc).__name__}",
-                    "upstream_error",
-                ),
-                {},
-            )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_error(upstream_failed(which, exc, "could not be reached"), {})
 
     async def _end(self, request: web.Request) -> web.Response:
         call_id = self._call_id(request)
