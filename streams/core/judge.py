@@ -169,13 +169,13 @@ def parse_score(content: str) -> tuple[float, str]:
         data = json.loads(text)
     except ValueError:
         raise JudgeAnswerError(
-            f"garbage answer: not JSON (expected {{\"score\": 0..1, \"reason\": ...}}): "
+            f'garbage answer: not JSON (expected {{"score": 0..1, "reason": ...}}): '
             f"{_snippet(text)}"
         ) from None
     if not isinstance(data, dict):
         raise JudgeAnswerError(f"garbage answer: a JSON {type(data).__name__}, not an object")
     if "score" not in data:
-        raise JudgeAnswerError("garbage answer: no \"score\" in the JSON object")
+        raise JudgeAnswerError('garbage answer: no "score" in the JSON object')
     score = data["score"]
     if isinstance(score, bool) or not isinstance(score, int | float):
         raise JudgeAnswerError(f"garbage answer: the score {score!r} is not a number")

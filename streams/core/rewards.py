@@ -6,8 +6,9 @@ callable: ``reward_name``, ``reward_version`` (recorded with every reward) and
 ``wants_feedback`` (the reward stage then waits up to the feedback grace period for user
 feedback before scoring) and ``needs_verdict`` (the function takes the LLM judge's verdict as
 a second argument, ``fn(trajectory, verdict)``; the reward stage asks the judge once per call
-and scores when the verdict is there, see :mod:`streams.core.judge`). Functions are named in the settings by dotted path
-(``package.module:function``) or by an entry point of group ``trajstream.rewards``.
+and scores when the verdict is there, see :mod:`streams.core.judge`). Functions are named in
+the settings by dotted path (``package.module:function``) or by an entry point of group
+``trajstream.rewards``.
 
 A result may carry a reward per LLM step (``RewardResult.step_rewards``, keyed by msg_id);
 ``reward.step_discount`` (gamma) gives every step without one ``reward * gamma ** (n - 1 - i)``
