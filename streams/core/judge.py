@@ -192,9 +192,12 @@ def verdict_of(
     error naming what was wrong with it."""
     try:
         content = answer_content(body)
-        score, reason = parse_score(content)
     except JudgeAnswerError as exc:
         return failed_verdict(request, str(exc), raw, attempts, now)
+    try:
+        score, reason = parse_score(content)
+    except JudgeAnswerError as exc:
+        return failed_verdict(request, str(exc), content, attempts, now)
     return JudgeVerdict(
         call_id=request.call_id,
         trajectory_id=request.trajectory_id,
