@@ -180,7 +180,7 @@ def rewards(core: Core) -> list[float]:
 
 
 def test_a_judge_reward_without_the_judge_settings_fails_at_start() -> None:
-    with pytest.raises(ConfigError, match="reward.judge.url"):
+    with pytest.raises(ConfigError, match=r"reward\.judge\.url"):
         RewardJoin(
             build_rewarder("streams.rewards:judge"),
             awaiting=Core().awaiting,
