@@ -498,7 +498,13 @@ class Pipeline:
             def retried() -> None:
                 self.stats["judge.retries"] += 1
 
-            verdict = await judge(self.judge_client, request, self.judge_policy, on_retry=retried)
+            verdict = await judge(
+                self.judge_client,
+                request,
+                self.judge_policy,
+                on_retry=retried,
+                clock=lambda: wall_clock(),  # the reward stage's clock: requested_at is in it
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -8,6 +8,7 @@ record by record, with every timestamp derived from :data:`tests.unit.factories.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,6 +25,7 @@ from streams.errors import TrinityRejected, TrinityUnavailable
 from streams.models import AvroModel, Tick, Trajectory
 
 CODEC = SchemaRegistry.default()
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -154,4 +156,14 @@ def m(step: int, ready: int) -> dict[str, Any]:
 DOWN = TrinityUnavailable("503 from /metrics")
 REJECTED = TrinityRejected("400")
 
-__all__ = ["CODEC", "DOWN", "REJECTED", "Core", "ScriptedTrinity", "Trajectory", "m", "tick_record"]
+__all__ = [
+    "CODEC",
+    "DOWN",
+    "REPO_ROOT",
+    "REJECTED",
+    "Core",
+    "ScriptedTrinity",
+    "Trajectory",
+    "m",
+    "tick_record",
+]
