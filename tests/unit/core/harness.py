@@ -8,8 +8,8 @@ record by record, with every timestamp derived from :data:`tests.unit.factories.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from streams.codec import SchemaRegistry
@@ -159,8 +159,8 @@ REJECTED = TrinityRejected("400")
 __all__ = [
     "CODEC",
     "DOWN",
-    "REPO_ROOT",
     "REJECTED",
+    "REPO_ROOT",
     "Core",
     "ScriptedTrinity",
     "Trajectory",
