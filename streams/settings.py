@@ -173,6 +173,7 @@ class TrinitySettings(_Section):
                 "in front of Trinity (a proxy) or remove them"
             )
         return v
+
     timeout_s: PositiveFloat = 10.0
     max_connections: PositiveInt = 16
     retry_max_age_s: PositiveFloat = Field(

@@ -328,6 +328,8 @@ class RewardJoin:
             index = self._grace[partition] = Deadlines()
             for key, raw in self.awaiting.items():
                 entry = self.codec.decode_as(raw, AwaitingReward)
-                if entry.partition == partition and not entry.ready:
+                # a ready entry too: a worker whose reward needs no verdict (any more) scores
+                # it on the next tick; one that needs it keeps it until the verdict comes
+                if entry.partition == partition:
                     index.set(key, entry.since + self._wait_limit(entry))
         return index

@@ -219,9 +219,7 @@ def build_rewarder(
 class Rewarder:
     """Applies one reward function to trajectories and builds the rewarded records."""
 
-    def __init__(
-        self, fn: RewardFn, name: str | None = None, step_discount: float | None = None
-    ):
+    def __init__(self, fn: RewardFn, name: str | None = None, step_discount: float | None = None):
         if step_discount is not None and not 0.0 < step_discount <= 1.0:
             raise ConfigError(f"reward.step_discount must be in (0, 1], got {step_discount}")
         self.fn = fn

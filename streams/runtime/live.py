@@ -497,6 +497,7 @@ class Pipeline:
 
             def retried() -> None:
                 self.stats["judge.retries"] += 1
+                self.metrics.judge_retry()
 
             verdict = await judge(
                 self.judge_client,
@@ -513,6 +514,7 @@ class Pipeline:
             out.reject(Reject("judge", str(exc) or type(exc).__name__, type(exc).__name__, src))
         else:
             self.stats["judge.verdicts" if verdict.error is None else "judge.failed"] += 1
+            self.metrics.judge_verdict(scored=verdict.error is None)
             if verdict.error is not None:
                 log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
             out.emit("verdicts", verdict.call_id.encode(), verdict)

@@ -427,8 +427,10 @@ async def ask_judge(
             "no verdict on the verdicts topic for this call, and reward.judge.replay_missing "
             "is dead_letter"
         )
+        core.stats["judge.not_asked"] += len(requests)
         return [failed_verdict(r, reason, "", 0, utcnow()) for r in requests]
     console.print(f"asking the judge for {len(requests)} call(s) without a stored verdict")
+    core.stats["judge.asked"] += len(requests)
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
     client = JudgeClient.from_settings(j)
     policy = policy_of(j)

@@ -166,4 +166,5 @@ async def test_a_judge_reward_live_then_replayed(
     }
     assert replayed == live and len(replayed) == 6  # the garbage call is a dead letter again
     assert len(standin.state.judge) == asked
+    assert "judge verdicts" in stdout and "7 read from the verdicts topic, 0 asked" in stdout
     assert KEY not in worker.log.read_text() and KEY not in stdout + stderr

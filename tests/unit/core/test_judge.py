@@ -335,3 +335,15 @@ def test_the_deadline_indexes_are_rebuilt_after_a_restart() -> None:
     core.verdict(the_verdict(0.7), at(4))
     core.join.reset()  # a rebalance: indexes rebuilt from the stores
     assert core.tick(at(104)).stats["verdicts.forgotten"] == 1
+
+
+def test_a_worker_without_the_judge_scores_what_waited_for_a_verdict() -> None:
+    """The reward function changed from a judge reward to another one across a restart: the
+    trajectories that waited for a verdict are scored by the new one, not kept forever."""
+    core = judged()
+    run_call(core)
+    assert rewards(core) == []
+    after = Core()  # streams.rewards:success, no judge
+    after.awaiting.data.update(core.awaiting.data)
+    after.tick(at(5))
+    assert rewards(after) == [1.0]
