@@ -116,14 +116,17 @@ class RewardJoin:
         self._kept.clear()
 
     def on_record(self, src: Source, now: datetime) -> Out:
-        """One record of ``<p>.trajectories`` or ``<p>.user-feedback`` (or a Tick)."""
+        """One record of ``<p>.trajectories``, ``<p>.user-feedback`` or ``<p>.verdicts`` (or a
+        Tick)."""
         out = Out()
         try:
             record = self.codec.decode(src.value)
             at = tick_time(record, src.topic, self.ticks_topic, now, self.max_future)
             if at is not None:
                 return self.on_tick(src.partition, at)
-            if isinstance(record, JudgeVerdict) and src.topic == self.verdicts_topic:
+            if src.topic == self.verdicts_topic:  # only verdicts, and verdicts only from here
+                if not isinstance(record, JudgeVerdict):
+                    raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
                 self._verdict(src, record, now, out)
                 return out
             # a trajectory only from the assemble stage's topic: no input topic can inject one

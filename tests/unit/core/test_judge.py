@@ -347,3 +347,13 @@ def test_a_worker_without_the_judge_scores_what_waited_for_a_verdict() -> None:
     after.awaiting.data.update(core.awaiting.data)
     after.tick(at(5))
     assert rewards(after) == [1.0]
+
+
+def test_only_verdicts_on_the_verdicts_topic() -> None:
+    """No user feedback (nor anything else) enters through the verdicts topic."""
+    core = judged()
+    out = core.verdict(feedback(rating=5.0), at(0))
+    assert [(r.stage, r.reason) for r in out.rejects] == [
+        ("reward", "io.trajstream.UserFeedback does not belong on verdicts")
+    ]
+    assert core.awaiting.get(b"call-1") is None
