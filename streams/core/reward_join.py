@@ -21,9 +21,12 @@ With a reward function that needs the LLM judge's verdict (``needs_verdict``, e.
 call_id, a :class:`~streams.models.StoredVerdict`), and two more rules:
 
 - a trajectory without a stored verdict emits one :class:`~streams.models.JudgeRequest` (on
-  ``judge_requests``; the entry remembers it, so a redelivered trajectory asks nothing more) and
-  waits; once the feedback rule above is met the attached feedback is final (``ready``), and the
-  trajectory is scored when the verdict comes;
+  ``judge_requests``; the entry remembers when) and waits; once the feedback rule above is met
+  the attached feedback is final (``ready``), and the trajectory is scored when the verdict
+  comes. A trajectory redelivered while its verdict is still missing emits the same request
+  again (same ``requested_at``, prompt and hash): a redelivery means a crash or a hand-over,
+  which may have lost the first request after the entry was stored; a second answer is then
+  deduplicated by the verdict rule below;
 - a verdict (only from ``<p>.verdicts``) is stored unless one is stored already: **the first
   verdict of a call wins**. A different second one (a duplicate request after a crash, asked
   again) is counted and the stored one is emitted again, so that the last record of the call on
@@ -166,6 +169,8 @@ class RewardJoin:
             entry.since = now  # the grace period runs from the trajectory's arrival
         else:
             out.stats["trajectories.duplicate"] += 1
+            if entry.judge_requested_at is not None:
+                self._ask_again(key, entry, out)
         trajectory = entry.trajectory
         if trajectory is not None:
             if not self.score_incomplete and trajectory.closed_reason != "ended":
@@ -209,6 +214,15 @@ class RewardJoin:
             return False
         self._score(key, entry.trajectory, src, out, stored.verdict)
         return True
+
+    def _ask_again(self, key: bytes, entry: AwaitingReward, out: Out) -> None:
+        """The request of a redelivered trajectory whose verdict is missing, made again."""
+        if self.judge is None or entry.trajectory is None or self._stored(key) is not None:
+            return
+        assert entry.judge_requested_at is not None
+        out.stats["judge.requested_again"] += 1
+        request = self.judge.request(entry.trajectory, entry.judge_requested_at)
+        out.emit("judge_requests", key, request)
 
     def _stored(self, key: bytes) -> StoredVerdict | None:
         raw = self.verdicts.get(key) if self.verdicts is not None else None

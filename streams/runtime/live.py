@@ -42,7 +42,7 @@ import logging
 import os
 import socket
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -93,6 +93,7 @@ log = logging.getLogger("trajstream")
 
 FEEDBACK_BATCH = 64
 JUDGE_BATCH = 32
+JUDGED_REMEMBERED = 100_000  # call ids the judge stage answered, to skip a request made again
 LEDGER_BATCH = 500
 BATCH_WITHIN = 0.05  # seconds a batch waits to fill
 
@@ -163,6 +164,7 @@ class Pipeline:
             lambda: JudgeClient.from_settings(settings.reward.judge)
         )
         self._judge: JudgeClient | None = None
+        self._judged: OrderedDict[str, None] = OrderedDict()
         self.limits = limits_of(settings)
         self.ledger_cfg = ledger_config_of(settings)
         self.retry = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
@@ -494,6 +496,12 @@ class Pipeline:
         out = Out()
         try:
             request = self.codec.decode_as(src.value, JudgeRequest)
+            if request.call_id in self._judged:
+                # made again for a redelivered trajectory; this process answered it already,
+                # and the reward stage reads that verdict (after a restart it is asked again,
+                # and the reward stage keeps the first verdict)
+                self.stats["judge.skipped"] += 1
+                return
 
             def retried() -> None:
                 self.stats["judge.retries"] += 1
@@ -519,6 +527,10 @@ class Pipeline:
                 log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
             out.emit("verdicts", verdict.call_id.encode(), verdict)
         await self._send(out)
+        if out.emits:
+            self._judged[out.emits[0].record.call_id] = None  # type: ignore[attr-defined]
+            while len(self._judged) > JUDGED_REMEMBERED:
+                self._judged.popitem(last=False)
 
     # -- 3. feedback -------------------------------------------------------------------------
 

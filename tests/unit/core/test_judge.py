@@ -199,10 +199,14 @@ def test_one_request_per_call_then_the_verdict_scores() -> None:
     assert isinstance(req, JudgeRequest)
     assert (req.call_id, req.model, req.requested_at) == ("call-1", "judge-1", at(2))
     assert rewards(core) == []
-    # the trajectory redelivered (a restart before the offset commit): no second request
+    # feedback for it: no second request
+    core.feedback(feedback(), at(3))
+    assert len(core.topic("judge_requests")) == 1
+    # the trajectory redelivered (a crash before the offset commit, which may have lost the
+    # request): the same request again, whose second answer the first verdict rule dedupes
     [traj] = core.topic("trajectories")
     core.trajectory(traj, at(3))
-    assert len(core.topic("judge_requests")) == 1
+    assert core.topic("judge_requests") == [req, req]
     out = core.verdict(the_verdict(0.7), at(4))
     assert rewards(core) == [0.7] and out.stats["verdicts.stored"] == 1
     assert core.awaiting.get(b"call-1") is None
