@@ -33,7 +33,8 @@ call_id, a :class:`~streams.models.StoredVerdict`), and two more rules:
   the compacted topic, the one compaction keeps and replay reads, is the one that was used. A
   verdict without a score is a ``judge`` dead letter of the trajectory with the verdict's error.
   Stored verdicts are forgotten ``verdict_retention`` after they were stored (a trajectory
-  redelivered later than that asks again).
+  redelivered later than that asks again), or when a tombstone (the call's key, no value) is
+  written to ``<p>.verdicts``: the way to have a call judged again.
 
 May import: the standard library, the core, :mod:`streams.models`, :mod:`streams.codec`,
 :mod:`streams.errors`.
@@ -123,6 +124,9 @@ class RewardJoin:
         Tick)."""
         out = Out()
         try:
+            if src.topic == self.verdicts_topic and not src.value and src.key:
+                self._forget(src.key, out)  # a tombstone: judge the call again when asked
+                return out
             record = self.codec.decode(src.value)
             at = tick_time(record, src.topic, self.ticks_topic, now, self.max_future)
             if at is not None:
@@ -223,6 +227,11 @@ class RewardJoin:
         out.stats["judge.requested_again"] += 1
         request = self.judge.request(entry.trajectory, entry.judge_requested_at)
         out.emit("judge_requests", key, request)
+
+    def _forget(self, key: bytes, out: Out) -> None:
+        if self.verdicts is not None and self.verdicts.get(key) is not None:
+            self.verdicts.delete(key)
+            out.stats["verdicts.deleted"] += 1
 
     def _stored(self, key: bytes) -> StoredVerdict | None:
         raw = self.verdicts.get(key) if self.verdicts is not None else None

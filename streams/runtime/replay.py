@@ -251,11 +251,13 @@ class ReplayRunner:
 
     def load_verdicts(self, records: Iterable[tuple[int, bytes | None, bytes]]) -> None:
         """The records of ``<p>.verdicts`` (partition, key, value) in offset order, before the
-        range: the last of each call is stored (the one compaction keeps)."""
+        range: the last of each call is stored (the one compaction keeps; none when the last is a
+        tombstone)."""
         last: dict[bytes | None, tuple[int, bytes]] = {}
         for partition, key, value in records:
             last.pop(key, None)  # keep the order of the last records
-            last[key] = (partition, value)
+            if value:  # a tombstone deletes the call's verdict: it is judged again
+                last[key] = (partition, value)
         for offset, (key, (partition, value)) in enumerate(last.items()):
             src = Source(self.topics.verdicts, partition, offset, key, value)
             for index, join in enumerate(self.joins):

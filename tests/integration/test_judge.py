@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from streams.capture.sdk import TrajstreamProducer
 from streams.codec import SchemaRegistry
@@ -168,3 +169,33 @@ async def test_a_judge_reward_live_then_replayed(
     assert len(standin.state.judge) == asked
     assert "judge verdicts" in stdout and "7 read from the verdicts topic, 0 asked" in stdout
     assert KEY not in worker.log.read_text() and KEY not in stdout + stderr
+
+    # 4. a tombstone deletes a call's verdict: the next replay asks the judge for that call only
+    # (reward.judge.replay_missing = ask), records the new verdict, and rewards it alike
+    first = sims[0].call_id
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(f"{prefix}.verdicts", None, key=first.encode())
+    finally:
+        await producer.stop()
+    code, stdout, stderr = await trajstream(
+        env, "replay", "--since", since, "--to", "files", "--out", str(tmp_path / "again")
+    )
+    assert code == 0, stderr
+    assert "6 read from the verdicts topic, 1 asked" in stdout, stdout
+    assert [j.call_id for j in standin.state.judge[asked:]] == [first]
+    rows = (tmp_path / "again" / "trajectories.jsonl").read_text().splitlines()
+    again = {
+        (row := json.loads(line))["trajectory"]["call_id"]: RewardedTrajectory.model_validate(
+            row["reward"]
+        )
+        for line in rows
+    }
+    assert again == live
+    recorded = await read_topic(
+        kafka_bootstrap,
+        f"{prefix}.verdicts",
+        until=lambda rs: sum(getattr(r, "call_id", "") == first for r in rs) >= 2,
+    )
+    assert [v.score for v in recorded if getattr(v, "call_id", "") == first] == [scores[first]] * 2

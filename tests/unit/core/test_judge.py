@@ -361,3 +361,15 @@ def test_only_verdicts_on_the_verdicts_topic() -> None:
         ("reward", "io.trajstream.UserFeedback does not belong on verdicts")
     ]
     assert core.awaiting.get(b"call-1") is None
+
+
+def test_a_tombstone_on_the_verdicts_topic_forgets_the_verdict() -> None:
+    from streams.core.effects import Source
+
+    core = judged()
+    core.verdict(the_verdict(0.7), at(0))
+    out = core.join.on_record(Source("verdicts", 0, 9, b"call-1", b""), at(1))
+    assert out.stats["verdicts.deleted"] == 1 and out.rejects == []
+    assert core.verdicts.get(b"call-1") is None
+    run_call(core)
+    assert len(core.topic("judge_requests")) == 1  # judged again

@@ -695,16 +695,18 @@ def test_replay_reuses_the_last_stored_verdict_of_a_call_and_asks_for_the_others
         (0, b"c1", CODEC.encode(_verdict("c1", 0.1))),
         (0, b"c1", CODEC.encode(_verdict("c1", 0.9, judged=4))),  # the last of c1 wins
         (0, b"c3", CODEC.encode(_verdict("c3", None))),
+        (0, b"c4", CODEC.encode(_verdict("c4", 0.2))),
+        (0, b"c4", b""),  # a tombstone: c4 is judged again
     ]
     core.load_verdicts(stored)
-    core.feed_all(_call("c1", 0) + _call("c2", 10) + _call("c3", 20))
+    core.feed_all(_call("c1", 0) + _call("c2", 10) + _call("c3", 20) + _call("c4", 30))
     core.finish()
-    assert list(core.judge_requests) == ["c2"]  # only the call without a verdict
+    assert list(core.judge_requests) == ["c2", "c4"]  # only the calls without a verdict
     request = core.judge_requests["c2"]
     assert request.model == "j" and request.rubric == "Score."
-    core.add_verdicts([_verdict("c2", 0.5), _verdict("c9", 0.5)])  # c9: not asked, ignored
-    assert core.judge_requests == {}
-    assert {o.call_id: r.reward for o, r in core.scored()} == {"c1": 0.9, "c2": 0.5}
+    core.add_verdicts([_verdict("c2", 0.5), _verdict("c4", 0.6), _verdict("c9", 0.5)])
+    assert core.judge_requests == {}  # c9 was not asked: ignored
+    assert {o.call_id: r.reward for o, r in core.scored()} == {"c1": 0.9, "c2": 0.5, "c4": 0.6}
     [error] = [o.errors[0] for o in core.outcomes if o.call_id == "c3"]
     assert error == "judge verdict without a score: garbage answer: empty"
     assert [(r.stage, r.key) for r in core.rejects] == [("judge", b"c3")]
