@@ -199,3 +199,4 @@ async def test_a_judge_reward_live_then_replayed(
         until=lambda rs: sum(getattr(r, "call_id", "") == first for r in rs) >= 2,
     )
     assert [v.score for v in recorded if getattr(v, "call_id", "") == first] == [scores[first]] * 2
+    assert worker.alive and "Traceback" not in worker.log.read_text()
