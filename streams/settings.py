@@ -225,6 +225,9 @@ class AssemblySettings(_Section):
     )
 
 
+MAX_RUBRIC_BYTES = 64 * 1024
+
+
 class JudgeSettings(_Section):
     """The built-in LLM judge (``streams.rewards:judge``): an OpenAI-compatible endpoint."""
 
@@ -252,8 +255,12 @@ class JudgeSettings(_Section):
         description="a judge request still unanswered this long after the reward stage made "
         "it (5xx, timeouts) becomes a dead letter",
     )
-    max_prompt_chars: PositiveInt = Field(
-        default=20_000, description="the rendered trajectory is cut to this many characters"
+    max_prompt_chars: int = Field(
+        default=20_000,
+        ge=1000,
+        le=200_000,
+        description="the rendered trajectory is cut to this many characters (so that a judge "
+        "request fits in one Kafka record)",
     )
     keep_verdicts_s: PositiveFloat = Field(
         default=3600.0,
@@ -290,6 +297,10 @@ class JudgeSettings(_Section):
             raise ValueError(f"cannot read {v}: {exc}") from exc
         if not text.strip():
             raise ValueError(f"{v} is empty")
+        if len(text.encode()) > MAX_RUBRIC_BYTES:
+            raise ValueError(
+                f"{v} is larger than {MAX_RUBRIC_BYTES} bytes (it goes into every judge request)"
+            )
         return v
 
     @property

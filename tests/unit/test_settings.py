@@ -436,6 +436,7 @@ def test_the_judge_settings_from_the_environment(
         ({"URL": "https://user:pw@judge/v1"}, "reward.judge.url"),
         ({"MAX_AGE_S": "0"}, "reward.judge.max_age_s"),
         ({"REPLAY_MISSING": "guess"}, "reward.judge.replay_missing"),
+        ({"MAX_PROMPT_CHARS": "10000000"}, "reward.judge.max_prompt_chars"),
     ],
 )
 def test_a_bad_judge_setting_fails_naming_it(
@@ -448,10 +449,13 @@ def test_a_bad_judge_setting_fails_naming_it(
     assert names in str(err.value) and "pw@" not in str(err.value)
 
 
-def test_an_empty_rubric_file_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    (tmp_path / "empty.txt").write_text("  \n")
-    monkeypatch.setenv("TRAJSTREAM_REWARD__JUDGE__RUBRIC_FILE", str(tmp_path / "empty.txt"))
-    with pytest.raises(ConfigError, match=r"reward\.judge\.rubric_file.*is empty"):
+@pytest.mark.parametrize(("text", "says"), [("  \n", "is empty"), ("x" * 70_000, "larger than")])
+def test_an_empty_or_huge_rubric_file_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str, says: str
+) -> None:
+    (tmp_path / "rubric.txt").write_text(text)
+    monkeypatch.setenv("TRAJSTREAM_REWARD__JUDGE__RUBRIC_FILE", str(tmp_path / "rubric.txt"))
+    with pytest.raises(ConfigError, match=rf"reward\.judge\.rubric_file.*{says}"):
         load_settings()
 
 
