@@ -480,3 +480,23 @@ def test_a_judge_reward_without_its_settings_fails_at_start(tmp_path: Path) -> N
     )
     spec = judge_of(settings, [composite])
     assert spec is not None and (spec.model, spec.rubric) == ("m", "Rubric.")
+
+
+def test_the_readme_judge_example_is_valid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The README's reward.judge example loads, and names a rubric file that exists."""
+    import re
+
+    from streams.core.rewards import build_rewarder
+    from streams.runtime.config import judge_of
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("**The LLM judge.**") :]
+    example = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
+    assert example is not None
+    (tmp_path / "judge.toml").write_text(example.group(1))
+    monkeypatch.chdir(root)  # the rubric file is named relative to the repository
+    s = load_settings(tmp_path / "judge.toml")
+    rewarder = build_rewarder(s.reward.function, s.reward.weights)
+    spec = judge_of(s, [rewarder])
+    assert spec is not None and '"score"' in spec.rubric and rewarder.needs_verdict
