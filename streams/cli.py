@@ -80,6 +80,7 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
             topics.all(),
             settings.kafka.replication_factor,
             security=settings.kafka.security,
+            configs=topics.configs(),
         )
     )
 

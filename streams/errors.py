@@ -13,6 +13,9 @@ Whether an operation may be retried is data on the class (``retriable``)::
     ├── TrinityError           the training backend answered with an error
     │   ├── TrinityRejected    4xx: the request itself is wrong, never retried
     │   └── TrinityUnavailable 5xx, timeout, connection error: retried with backoff
+    ├── JudgeError             the LLM judge's endpoint answered with an error
+    │   ├── JudgeRejected      4xx: the request itself is wrong, never retried
+    │   └── JudgeUnavailable   5xx, 408, 429, timeout, connection error: retried with backoff
     ├── BrokerError            the local Kafka broker could not be fetched, started or reached
     └── ProduceError           an input file has invalid lines, or publishing failed
 
@@ -25,6 +28,9 @@ __all__ = [
     "BrokerError",
     "ConfigError",
     "DecodeError",
+    "JudgeError",
+    "JudgeRejected",
+    "JudgeUnavailable",
     "ProduceError",
     "RecordError",
     "RewardError",
@@ -77,6 +83,25 @@ class TrinityRejected(TrinityError):
 
 class TrinityUnavailable(TrinityError):
     """Trinity failed or could not be reached (5xx, timeout, connection). Retry later."""
+
+    retriable = True
+
+
+class JudgeError(TrajstreamError):
+    """The LLM judge's endpoint answered with an error."""
+
+    def __init__(self, message: str, *, status: int | None = None, body: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class JudgeRejected(JudgeError):
+    """The judge's endpoint rejected the request (4xx). Retrying the same request cannot help."""
+
+
+class JudgeUnavailable(JudgeError):
+    """The judge failed or could not be reached (5xx, 408, 429, timeout, connection)."""
 
     retriable = True
 

@@ -38,6 +38,8 @@ __all__ = [
     "DriftAlert",
     "FeedbackAck",
     "FeedbackKind",
+    "JudgeRequest",
+    "JudgeVerdict",
     "LedgerState",
     "PendingCall",
     "PendingCommit",
@@ -47,6 +49,7 @@ __all__ = [
     "Selection",
     "SelectionDecision",
     "StepKind",
+    "StoredVerdict",
     "Tick",
     "ToolCall",
     "TrainingMark",
@@ -405,6 +408,53 @@ class AwaitingReward(AvroModel):
     trajectory: Trajectory | None = None
     feedback: list[UserFeedback] = Field(default_factory=list)
     since: UtcDateTime
+    ready: bool = False
+    judge_requested_at: UtcDateTime | None = None
+
+
+class JudgeRequest(AvroModel):
+    """What the LLM judge is asked about one call (see :mod:`streams.core.judge`)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.JudgeRequest"
+    call_id: NonEmpty
+    trajectory_id: NonEmpty
+    model: NonEmpty
+    rubric: str
+    prompt: str
+    prompt_hash: NonEmpty
+    requested_at: UtcDateTime
+
+
+class JudgeVerdict(AvroModel):
+    """The judge's verdict on one call: a score in [0, 1], or why there is none."""
+
+    avro_name: ClassVar[str] = "io.trajstream.JudgeVerdict"
+    call_id: NonEmpty
+    trajectory_id: NonEmpty
+    score: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    reason: str = ""
+    error: str | None = None
+    judge_model: str
+    prompt_hash: str
+    raw_answer: str = ""
+    attempts: Count32 = 1
+    requested_at: UtcDateTime
+    judged_at: UtcDateTime
+
+    @model_validator(mode="after")
+    def _score_or_error(self) -> JudgeVerdict:
+        if (self.score is None) == (self.error is None):
+            raise ValueError("a verdict has either a score or an error")
+        return self
+
+
+class StoredVerdict(AvroModel):
+    """Internal: the verdict the reward stage keeps for a call (see the schema)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.StoredVerdict"
+    partition: int = -1
+    stored_at: UtcDateTime
+    verdict: JudgeVerdict
 
 
 class WindowAccumulator(AvroModel):
@@ -538,5 +588,8 @@ MODELS: tuple[type[AvroModel], ...] = (
     ClosedCall,
     DriftAlert,
     CommitResume,
+    JudgeRequest,
+    JudgeVerdict,
+    StoredVerdict,
 )
 """Every record model, in dependency order."""

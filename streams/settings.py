@@ -40,6 +40,7 @@ from .errors import ConfigError
 
 __all__ = [
     "FAUST_ENV_OVERRIDES",
+    "JudgeSettings",
     "KafkaSecuritySettings",
     "Settings",
     "TrinitySettings",
@@ -172,6 +173,7 @@ class TrinitySettings(_Section):
                 "in front of Trinity (a proxy) or remove them"
             )
         return v
+
     timeout_s: PositiveFloat = 10.0
     max_connections: PositiveInt = 16
     retry_max_age_s: PositiveFloat = Field(
@@ -223,6 +225,97 @@ class AssemblySettings(_Section):
     )
 
 
+MAX_RUBRIC_BYTES = 64 * 1024
+
+
+class JudgeSettings(_Section):
+    """The built-in LLM judge (``streams.rewards:judge``): an OpenAI-compatible endpoint."""
+
+    url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="base URL of the judge's OpenAI-compatible API, up to /v1 "
+        "(https://api.openai.com/v1); requests go to <url>/chat/completions",
+    )
+    model: str | None = Field(default=None, min_length=1, description="the judge model")
+    rubric_file: Path | None = Field(
+        default=None,
+        description="a text file with the rubric, sent as the system message; it must ask for "
+        'the answer {"score": 0..1, "reason": "..."}',
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="sent as a bearer token; never logged"
+    )
+    timeout_s: PositiveFloat = Field(default=60.0, description="one request's timeout")
+    max_connections: PositiveInt = Field(default=8, description="concurrent judge requests")
+    retry_base_s: PositiveFloat = Field(default=1.0, description="first retry backoff")
+    retry_cap_s: PositiveFloat = Field(default=30.0, description="longest retry backoff")
+    max_age_s: PositiveFloat = Field(
+        default=900.0,
+        description="a judge request still unanswered this long after the reward stage made "
+        "it (5xx, timeouts) becomes a dead letter",
+    )
+    max_prompt_chars: int = Field(
+        default=20_000,
+        ge=1000,
+        le=200_000,
+        description="the rendered trajectory is cut to this many characters (so that a judge "
+        "request fits in one Kafka record)",
+    )
+    keep_verdicts_s: PositiveFloat = Field(
+        default=3600.0,
+        description="the reward stage keeps a call's verdict this long (a redelivered "
+        "trajectory reuses it); <prefix>.verdicts keeps them all",
+    )
+    replay_missing: Literal["ask", "dead_letter"] = Field(
+        default="ask",
+        description="what `trajstream replay` does for a call with no verdict on "
+        "<prefix>.verdicts: ask the judge (and record the verdict there), or a dead letter",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _judge_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("a URL with credentials is not accepted; use reward.judge.api_key")
+        return v.rstrip("/")
+
+    @field_validator("rubric_file")
+    @classmethod
+    def _rubric(cls, v: Path | None) -> Path | None:
+        if v is None:
+            return v
+        v = v.expanduser()
+        if not v.is_file():
+            raise ValueError(f"no such file: {v}")
+        try:
+            text = v.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read {v}: {exc}") from exc
+        if not text.strip():
+            raise ValueError(f"{v} is empty")
+        if len(text.encode()) > MAX_RUBRIC_BYTES:
+            raise ValueError(
+                f"{v} is larger than {MAX_RUBRIC_BYTES} bytes (it goes into every judge request)"
+            )
+        return v
+
+    @property
+    def configured(self) -> bool:
+        return None not in (self.url, self.model, self.rubric_file)
+
+    def missing(self) -> list[str]:
+        """The settings a judge reward needs that are not set."""
+        return [
+            f"reward.judge.{name} [TRAJSTREAM_REWARD__JUDGE__{name.upper()}]"
+            for name in ("url", "model", "rubric_file")
+            if getattr(self, name) is None
+        ]
+
+
 class RewardSettings(_Section):
     function: str = Field(default="streams.rewards:success", min_length=1)
     weights: dict[str, float] = Field(default_factory=dict)
@@ -237,6 +330,7 @@ class RewardSettings(_Section):
         description="gamma: step i of n gets reward * gamma ** (n - 1 - i) (off: every step "
         "gets the trajectory's reward, unless the function returns step_rewards)",
     )
+    judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
 
 class WindowSettings(_Section):

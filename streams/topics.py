@@ -21,6 +21,8 @@ topic                         partitions  records
 <prefix>.decisions            N           SelectionDecision (one per closed call)
 <prefix>.late-events          N           DeadLetter (stage "late": arrived after its call closed)
 <prefix>.alerts               1           DriftAlert
+<prefix>.judge-requests       N           JudgeRequest (reward stage -> judge stage)
+<prefix>.verdicts             N           JudgeVerdict (compacted, keyed by call_id)
 <prefix>.replayed             1           FeedbackAck, CommitRecord, LedgerState per replay id
 ============================  ==========  =========================================
 
@@ -93,6 +95,15 @@ class Topics:
         return self._t("alerts")
 
     @property
+    def judge_requests(self) -> str:
+        return self._t("judge-requests")
+
+    @property
+    def verdicts(self) -> str:
+        """The LLM judge's verdicts, keyed by call_id (compacted: see :meth:`configs`)."""
+        return self._t("verdicts")
+
+    @property
     def replayed(self) -> str:
         """What replays got acknowledged (1 partition, compacted; created by the first replay
         to Trinity, not by the worker: not in :meth:`all`)."""
@@ -114,7 +125,14 @@ class Topics:
             self.decisions: n,
             self.late_events: n,
             self.alerts: 1,
+            self.judge_requests: n,
+            self.verdicts: n,
         }
+
+    def configs(self) -> dict[str, dict[str, str]]:
+        """Topic configs of the topics that need them: the verdicts are compacted (one per
+        call is kept: the last, which the reward stage makes the one it used)."""
+        return {self.verdicts: {"cleanup.policy": "compact"}}
 
 
 async def create_topics(

@@ -845,6 +845,7 @@ def build_gateway(
                 topics.all(),
                 settings.kafka.replication_factor,
                 security=settings.kafka.security,
+                configs=topics.configs(),
             )
 
     publisher = Publisher(

@@ -80,7 +80,9 @@ class TrajstreamCapture:
             )
 
         async def prepare() -> None:
-            await kafka.create_topics(bootstrap_servers, topics.all(), security=security)
+            await kafka.create_topics(
+                bootstrap_servers, topics.all(), security=security, configs=topics.configs()
+            )
 
         self._loop = asyncio.new_event_loop()
         self.publisher = Publisher(

@@ -21,7 +21,15 @@ from ..models import AvroModel, DeadLetter
 __all__ = ["Emit", "Out", "Reject", "Source", "dead_letter"]
 
 OutputTopic = Literal[
-    "trajectories", "rewarded", "decisions", "ledger", "windows", "alerts", "commits"
+    "trajectories",
+    "rewarded",
+    "decisions",
+    "ledger",
+    "windows",
+    "alerts",
+    "commits",
+    "judge_requests",
+    "verdicts",
 ]
 
 

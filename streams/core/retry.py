@@ -1,4 +1,5 @@
-"""The retry policy of every call to Trinity, as data: backoff delays and when to give up.
+"""The retry policy of every call to Trinity (and to the LLM judge), as data: backoff delays
+and when to give up.
 
 Trinity being unavailable (5xx, 408, 429, a timeout, a refused connection) is retried with
 capped exponential backoff until ``max_age`` seconds have passed since the first attempt; a
@@ -33,6 +34,8 @@ class RetryPolicy:
     max_age: float = 3600.0
     base: float = 0.2
     cap: float = 10.0
+    service: str = "Trinity"
+    """Who is unavailable, in the reason of giving up."""
 
     def delays(self) -> Iterator[float]:
         return backoff_delays(base=self.base, cap=self.cap)
@@ -43,7 +46,7 @@ class RetryPolicy:
         ``max_age``."""
         if elapsed + delay > self.max_age:
             return GiveUp(
-                f"Trinity unavailable for {self.max_age:g}s ({attempts} attempts): {error}"
+                f"{self.service} unavailable for {self.max_age:g}s ({attempts} attempts): {error}"
             )
         return delay
 

@@ -16,6 +16,26 @@ since when it waits). The rules, in one place for the live worker and replay:
   so is a trajectory with no msg_ids (no LLM step with a response id): nothing trainable, so
   nothing is sent to Trinity.
 
+With a reward function that needs the LLM judge's verdict (``needs_verdict``, e.g.
+``streams.rewards:judge`` alone or in a Composite), a second store, ``verdicts`` (keyed by
+call_id, a :class:`~streams.models.StoredVerdict`), and two more rules:
+
+- a trajectory without a stored verdict emits one :class:`~streams.models.JudgeRequest` (on
+  ``judge_requests``; the entry remembers when) and waits; once the feedback rule above is met
+  the attached feedback is final (``ready``), and the trajectory is scored when the verdict
+  comes. A trajectory redelivered while its verdict is still missing emits the same request
+  again (same ``requested_at``, prompt and hash): a redelivery means a crash or a hand-over,
+  which may have lost the first request after the entry was stored; a second answer is then
+  deduplicated by the verdict rule below;
+- a verdict (only from ``<p>.verdicts``) is stored unless one is stored already: **the first
+  verdict of a call wins**. A different second one (a duplicate request after a crash, asked
+  again) is counted and the stored one is emitted again, so that the last record of the call on
+  the compacted topic, the one compaction keeps and replay reads, is the one that was used. A
+  verdict without a score is a ``judge`` dead letter of the trajectory with the verdict's error.
+  Stored verdicts are forgotten ``verdict_retention`` after they were stored (a trajectory
+  redelivered later than that asks again), or when a tombstone (the call's key, no value) is
+  written to ``<p>.verdicts``: the way to have a call judged again.
+
 May import: the standard library, the core, :mod:`streams.models`, :mod:`streams.codec`,
 :mod:`streams.errors`.
 """
@@ -26,18 +46,30 @@ from datetime import datetime, timedelta
 
 from ..codec import SchemaRegistry
 from ..errors import RecordError, RewardError
-from ..models import AwaitingReward, Trajectory, UserFeedback
+from ..models import (
+    AwaitingReward,
+    JudgeVerdict,
+    StoredVerdict,
+    Trajectory,
+    UserFeedback,
+)
 from .assemble import check_key
 from .assembly import Deadlines, check_not_future, tick_time
 from .effects import Out, Reject, Source
+from .judge import JudgeSpec
 from .rewards import Rewarder
 from .store import Store
 
-__all__ = ["NOTHING_TRAINABLE", "RewardJoin"]
+__all__ = ["NOTHING_TRAINABLE", "NO_JUDGE", "RewardJoin"]
 
 NOTHING_TRAINABLE = (
     "nothing trainable: no LLM step with a response id, so no msg_ids to reward; "
     "not sent to Trinity"
+)
+
+NO_JUDGE = (
+    "the reward function needs the LLM judge's verdict: set reward.judge.url, reward.judge.model "
+    "and reward.judge.rubric_file [TRAJSTREAM_REWARD__JUDGE__URL, ...]"
 )
 
 
@@ -58,9 +90,22 @@ class RewardJoin:
         max_future: timedelta = timedelta(minutes=5),
         trajectories_topic: str = "trajectories",
         ticks_topic: str = "ticks",
+        judge: JudgeSpec | None = None,
+        verdicts: Store | None = None,
+        verdicts_topic: str = "verdicts",
+        verdict_retention: timedelta = timedelta(hours=1),
     ) -> None:
+        from ..errors import ConfigError
+
+        if rewarder.needs_verdict and (judge is None or verdicts is None):
+            raise ConfigError(NO_JUDGE)
         self.trajectories_topic = trajectories_topic
         self.ticks_topic = ticks_topic
+        self.verdicts_topic = verdicts_topic
+        self.judge = judge
+        self.verdicts = verdicts
+        self.verdict_retention = verdict_retention
+        self._kept: dict[int, Deadlines] = {}
         self.rewarder = rewarder
         self.awaiting = awaiting
         self.codec = codec
@@ -72,15 +117,25 @@ class RewardJoin:
 
     def reset(self) -> None:
         self._grace.clear()
+        self._kept.clear()
 
     def on_record(self, src: Source, now: datetime) -> Out:
-        """One record of ``<p>.trajectories`` or ``<p>.user-feedback`` (or a Tick)."""
+        """One record of ``<p>.trajectories``, ``<p>.user-feedback`` or ``<p>.verdicts`` (or a
+        Tick)."""
         out = Out()
         try:
+            if src.topic == self.verdicts_topic and not src.value and src.key:
+                self._forget(src.key, out)  # a tombstone: judge the call again when asked
+                return out
             record = self.codec.decode(src.value)
             at = tick_time(record, src.topic, self.ticks_topic, now, self.max_future)
             if at is not None:
                 return self.on_tick(src.partition, at)
+            if src.topic == self.verdicts_topic:  # only verdicts, and verdicts only from here
+                if not isinstance(record, JudgeVerdict):
+                    raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
+                self._verdict(src, record, now, out)
+                return out
             # a trajectory only from the assemble stage's topic: no input topic can inject one
             wanted = Trajectory if src.topic == self.trajectories_topic else UserFeedback
             if not isinstance(record, wanted):
@@ -118,25 +173,95 @@ class RewardJoin:
             entry.since = now  # the grace period runs from the trajectory's arrival
         else:
             out.stats["trajectories.duplicate"] += 1
+            if entry.judge_requested_at is not None:
+                self._ask_again(key, entry, out)
         trajectory = entry.trajectory
         if trajectory is not None:
             if not self.score_incomplete and trajectory.closed_reason != "ended":
                 out.stats["trajectories.incomplete"] += 1
                 self.awaiting.delete(key)
                 return
-            known = {f.event_id for f in trajectory.feedback}
-            trajectory.feedback.extend(f for f in entry.feedback if f.event_id not in known)
-            waiting = (
-                self.rewarder.wants_feedback
-                and not trajectory.feedback
-                and self.feedback_grace > timedelta(0)
-            )
-            if not waiting:
-                self._score(key, trajectory, src, out)
+            if not entry.ready:  # once ready, the feedback attached is final
+                known = {f.event_id for f in trajectory.feedback}
+                trajectory.feedback.extend(f for f in entry.feedback if f.event_id not in known)
+                entry.ready = not (
+                    self.rewarder.wants_feedback
+                    and not trajectory.feedback
+                    and self.feedback_grace > timedelta(0)
+                )
+            if self._scored(key, entry, src, now, out):
                 return
-        if not raw or entry.trajectory is record:  # new entry, or its deadline changes
+        if not entry.ready and (not raw or entry.trajectory is record):
+            # new entry, or its deadline changes
             self._index(src.partition).set(key, entry.since + self._wait_limit(entry))
         self.awaiting.set(key, self.codec.encode(entry))
+
+    def _scored(
+        self, key: bytes, entry: AwaitingReward, src: Source | None, now: datetime, out: Out
+    ) -> bool:
+        """Score a ready entry whose verdict (if needed) is there; else ask the judge once.
+        Whether it was scored (and so deleted)."""
+        assert entry.trajectory is not None
+        if not self.rewarder.needs_verdict:
+            if entry.ready:
+                self._score(key, entry.trajectory, src, out)
+            return entry.ready
+        stored = self._stored(key)
+        if stored is None:
+            if entry.judge_requested_at is None:
+                assert self.judge is not None
+                entry.judge_requested_at = now
+                out.stats["judge.requested"] += 1
+                out.emit("judge_requests", key, self.judge.request(entry.trajectory, now))
+            return False
+        if not entry.ready:
+            return False
+        self._score(key, entry.trajectory, src, out, stored.verdict)
+        return True
+
+    def _ask_again(self, key: bytes, entry: AwaitingReward, out: Out) -> None:
+        """The request of a redelivered trajectory whose verdict is missing, made again."""
+        if self.judge is None or entry.trajectory is None or self._stored(key) is not None:
+            return
+        assert entry.judge_requested_at is not None
+        out.stats["judge.requested_again"] += 1
+        request = self.judge.request(entry.trajectory, entry.judge_requested_at)
+        out.emit("judge_requests", key, request)
+
+    def _forget(self, key: bytes, out: Out) -> None:
+        if self.verdicts is not None and self.verdicts.get(key) is not None:
+            self.verdicts.delete(key)
+            out.stats["verdicts.deleted"] += 1
+
+    def _stored(self, key: bytes) -> StoredVerdict | None:
+        raw = self.verdicts.get(key) if self.verdicts is not None else None
+        return None if raw is None else self.codec.decode_as(raw, StoredVerdict)
+
+    def _verdict(self, src: Source, verdict: JudgeVerdict, now: datetime, out: Out) -> None:
+        """A verdict from ``<p>.verdicts``: the first of a call is stored, and scores its
+        trajectory if that is ready."""
+        key = check_key(src, verdict.call_id)
+        if self.verdicts is None:
+            out.stats["verdicts.unused"] += 1  # this deployment's reward needs no judge
+            return
+        stored = self._stored(key)
+        if stored is not None:
+            if stored.verdict == verdict:
+                out.stats["verdicts.duplicate"] += 1
+            else:  # the first wins; make it the last on the topic again (compaction keeps it)
+                out.stats["verdicts.conflict"] += 1
+                out.emit("verdicts", key, stored.verdict)
+            return
+        kept = StoredVerdict(partition=src.partition, stored_at=now, verdict=verdict)
+        self.verdicts.set(key, self.codec.encode(kept))
+        self._kept_index(src.partition).set(key, now + self.verdict_retention)
+        out.stats["verdicts.stored"] += 1
+        raw = self.awaiting.get(key)
+        if raw is None:
+            return
+        entry = self.codec.decode_as(raw, AwaitingReward)
+        if entry.trajectory is not None and entry.ready:
+            self._score(key, entry.trajectory, None, out, verdict)
 
     def _wait_limit(self, entry: AwaitingReward) -> timedelta:
         if entry.trajectory is not None:
@@ -153,18 +278,39 @@ class RewardJoin:
                 continue
             entry = self.codec.decode_as(raw, AwaitingReward)
             if entry.trajectory is not None:
-                self._score(key, entry.trajectory, None, out)
+                entry.ready = True  # the grace period is over: the feedback attached is final
+                if not self._scored(key, entry, None, at, out):
+                    self.awaiting.set(key, self.codec.encode(entry))  # waits for its verdict
             else:
                 out.stats["user_feedback.unmatched"] += len(entry.feedback)
                 self.awaiting.delete(key)
+        if self.verdicts is not None:
+            for key in self._kept_index(partition).due(at):
+                if self.awaiting.get(key) is not None:  # still in use: keep it longer
+                    self._kept_index(partition).set(key, at + self.verdict_retention)
+                    continue
+                self.verdicts.delete(key)
+                out.stats["verdicts.forgotten"] += 1
         return out
 
-    def _score(self, key: bytes, trajectory: Trajectory, src: Source | None, out: Out) -> None:
+    def _score(
+        self,
+        key: bytes,
+        trajectory: Trajectory,
+        src: Source | None,
+        out: Out,
+        verdict: JudgeVerdict | None = None,
+    ) -> None:
         self.awaiting.delete(key)
         for index in self._grace.values():
             index.discard(key)
+        if verdict is not None and verdict.score is None:
+            out.stats["judge.failed"] += 1
+            reason = f"judge verdict without a score: {verdict.error}"
+            out.reject(self._reject(reason, "JudgeFailed", key, trajectory, src, stage="judge"))
+            return
         try:
-            rewarded = self.rewarder(trajectory)
+            rewarded = self.rewarder(trajectory, verdict)
         except RewardError as exc:
             out.stats["reward.errors"] += 1
             out.reject(self._reject(str(exc), type(exc).__name__, key, trajectory, src))
@@ -177,14 +323,30 @@ class RewardJoin:
         out.emit("rewarded", key, rewarded, context=trajectory)
 
     def _reject(
-        self, reason: str, error: str, key: bytes, trajectory: Trajectory, src: Source | None
+        self,
+        reason: str,
+        error: str,
+        key: bytes,
+        trajectory: Trajectory,
+        src: Source | None,
+        stage: str | None = None,
     ) -> Reject:
         # the payload is the trajectory (with its feedback): what a replay of the dead
         # letter needs, whichever record triggered the scoring
         payload = self.codec.encode(trajectory)
         if src is not None and src.offset < 0:
             src = None  # handed over in memory: no source position
-        return Reject(self.stage, reason, error, src, key=key, payload=payload)
+        return Reject(stage or self.stage, reason, error, src, key=key, payload=payload)
+
+    def _kept_index(self, partition: int) -> Deadlines:
+        index = self._kept.get(partition)
+        if index is None:
+            index = self._kept[partition] = Deadlines()
+            for key, raw in self.verdicts.items() if self.verdicts is not None else ():
+                stored = self.codec.decode_as(raw, StoredVerdict)
+                if stored.partition == partition:
+                    index.set(key, stored.stored_at + self.verdict_retention)
+        return index
 
     def _index(self, partition: int) -> Deadlines:
         index = self._grace.get(partition)
@@ -192,6 +354,8 @@ class RewardJoin:
             index = self._grace[partition] = Deadlines()
             for key, raw in self.awaiting.items():
                 entry = self.codec.decode_as(raw, AwaitingReward)
+                # a ready entry too: a worker whose reward needs no verdict (any more) scores
+                # it on the next tick; one that needs it keeps it until the verdict comes
                 if entry.partition == partition:
                     index.set(key, entry.since + self._wait_limit(entry))
         return index

@@ -4,8 +4,11 @@ A reward function is any callable ``fn(trajectory) -> float`` or
 ``fn(trajectory) -> RewardResult`` (a value with named components). Optional attributes on the
 callable: ``reward_name``, ``reward_version`` (recorded with every reward) and
 ``wants_feedback`` (the reward stage then waits up to the feedback grace period for user
-feedback before scoring). Functions are named in the settings by dotted path
-(``package.module:function``) or by an entry point of group ``trajstream.rewards``.
+feedback before scoring) and ``needs_verdict`` (the function takes the LLM judge's verdict as
+a second argument, ``fn(trajectory, verdict)``; the reward stage asks the judge once per call
+and scores when the verdict is there, see :mod:`streams.core.judge`). Functions are named in
+the settings by dotted path (``package.module:function``) or by an entry point of group
+``trajstream.rewards``.
 
 A result may carry a reward per LLM step (``RewardResult.step_rewards``, keyed by msg_id);
 ``reward.step_discount`` (gamma) gives every step without one ``reward * gamma ** (n - 1 - i)``
@@ -13,8 +16,8 @@ A result may carry a reward per LLM step (``RewardResult.step_rewards``, keyed b
 one ``/feedback`` per distinct reward (:func:`streams.core.feedback.feedback_requests`).
 
 Built-ins (all in [0, 1]): :func:`success`, :func:`answer_length`, :func:`tool_calls`,
-:func:`latency_efficiency`, :func:`user_rating`, and :class:`Composite`, a weighted sum of
-others with the weights normalised to 1::
+:func:`latency_efficiency`, :func:`user_rating`, :func:`judge` (the LLM judge's score), and
+:class:`Composite`, a weighted sum of others with the weights normalised to 1::
 
     Composite({"streams.rewards:success": 0.4, "streams.rewards:user_rating": 0.3,
                "streams.rewards:latency_efficiency": 0.2, "streams.rewards:answer_length": 0.1})
@@ -34,7 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, RewardError
-from ..models import CallStatus, FeedbackKind, RewardedTrajectory, StepKind, Trajectory
+from ..models import (
+    CallStatus,
+    FeedbackKind,
+    JudgeVerdict,
+    RewardedTrajectory,
+    StepKind,
+    Trajectory,
+)
 from .assembly import last_model
 from .plugins import load_object
 
@@ -45,6 +55,7 @@ __all__ = [
     "Rewarder",
     "answer_length",
     "build_rewarder",
+    "judge",
     "latency_efficiency",
     "load_reward",
     "success",
@@ -121,6 +132,20 @@ def user_rating(trajectory: Trajectory) -> float:
 user_rating.wants_feedback = True  # type: ignore[attr-defined]
 
 
+def judge(trajectory: Trajectory, verdict: JudgeVerdict | None = None) -> float:
+    """The LLM judge's score of the call (``reward.judge`` settings; :mod:`streams.core.judge`).
+
+    The reward stage asks the judge once per call and calls this with the verdict it stored;
+    a verdict without a score never reaches here (the call is a dead letter with its error).
+    """
+    if verdict is None or verdict.score is None:
+        raise ValueError("no judge verdict for this call")
+    return verdict.score
+
+
+judge.needs_verdict = True  # type: ignore[attr-defined]
+
+
 class Composite:
     """A weighted sum of reward functions; weights are normalised to sum to 1."""
 
@@ -140,9 +165,10 @@ class Composite:
         self.reward_name = "composite(" + ",".join(f"{n}={w:g}" for n, w in weights.items()) + ")"
         self.reward_version = "1"
         self.wants_feedback = any(getattr(fn, "wants_feedback", False) for _, fn, _ in self.parts)
+        self.needs_verdict = any(_needs_verdict(fn) for _, fn, _ in self.parts)
 
-    def __call__(self, trajectory: Trajectory) -> RewardResult:
-        components = {label: _value(fn(trajectory)) for label, fn, _ in self.parts}
+    def __call__(self, trajectory: Trajectory, verdict: JudgeVerdict | None = None) -> RewardResult:
+        components = {label: _value(_apply(fn, trajectory, verdict)) for label, fn, _ in self.parts}
         value = sum(w * components[label] for label, _, w in self.parts)
         return RewardResult(value, components)
 
@@ -153,6 +179,18 @@ def _as_fn(obj: object, name: str) -> RewardFn:
     if not callable(obj):
         raise ConfigError(f"reward function {name!r} is not callable")
     return obj
+
+
+def _needs_verdict(fn: object) -> bool:
+    return bool(getattr(fn, "needs_verdict", False))
+
+
+def _apply(fn: RewardFn, trajectory: Trajectory, verdict: JudgeVerdict | None) -> Any:
+    """``fn(trajectory)``, or ``fn(trajectory, verdict)`` for a function that needs the judge's
+    verdict."""
+    if _needs_verdict(fn):
+        return fn(trajectory, verdict)  # type: ignore[call-arg]
+    return fn(trajectory)
 
 
 def _value(result: float | RewardResult) -> float:
@@ -181,9 +219,7 @@ def build_rewarder(
 class Rewarder:
     """Applies one reward function to trajectories and builds the rewarded records."""
 
-    def __init__(
-        self, fn: RewardFn, name: str | None = None, step_discount: float | None = None
-    ):
+    def __init__(self, fn: RewardFn, name: str | None = None, step_discount: float | None = None):
         if step_discount is not None and not 0.0 < step_discount <= 1.0:
             raise ConfigError(f"reward.step_discount must be in (0, 1], got {step_discount}")
         self.fn = fn
@@ -194,11 +230,15 @@ class Rewarder:
             # replay's identity); without it, versions stay as they were
             self.version += f"+step_discount={step_discount:g}"
         self.wants_feedback = bool(getattr(fn, "wants_feedback", False))
+        self.needs_verdict = _needs_verdict(fn)
         self.step_discount = step_discount
 
-    def __call__(self, trajectory: Trajectory) -> RewardedTrajectory:
+    def __call__(
+        self, trajectory: Trajectory, verdict: JudgeVerdict | None = None
+    ) -> RewardedTrajectory:
+        """Score ``trajectory`` (with the judge's ``verdict``, for a function that needs it)."""
         try:
-            result = self.fn(trajectory)
+            result = _apply(self.fn, trajectory, verdict)
             value = _value(result)
             components = dict(result.components) if isinstance(result, RewardResult) else {}
             steps = (

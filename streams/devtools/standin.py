@@ -27,6 +27,17 @@ Trinity-RFT's serve mode the way Trinity does, without a model or a trainer:
 A body that is not JSON (or not a JSON object) answers 400 ``{"detail": "Invalid JSON: ..."}``,
 the shape Trinity's chat route uses; Trinity's ``/feedback`` would answer a bare 500 instead.
 
+It also serves as an LLM judge (the ``reward.judge`` settings: ``url = <stand-in>/judge/v1``):
+``POST /judge/v1/chat/completions`` answers ``{"score": s, "reason": ...}`` as the message
+content, ``s`` derived from the sha256 of the request's last user message (so the same
+trajectory always gets the same score), and records every request (``judge`` in the state,
+``judge_requests``/``judge_ok`` in ``/_standin/counts``; the ``x-trajstream-call-id`` header
+names the call). ``POST /_standin/judge`` steers it, without touching the Trinity routes::
+
+    {"mode": "ok"}
+    {"mode": "garbage", "count": 1}                next answer is prose, not the JSON asked for
+    {"mode": "error", "status": 503, "count": 2}   next 2 judge requests answer 503
+
 For tests and people, ``/_standin/`` routes expose and steer it: ``GET /_standin/state`` (every
 ``/feedback`` body as received and every ``/commit``, in order, with monotonic timestamps; the
 experience rows; the explore step; the fault), ``POST /_standin/reset`` and
@@ -55,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -76,9 +88,12 @@ __all__ = [
     "Fault",
     "FaultMode",
     "FeedbackRecord",
+    "JudgeCall",
+    "JudgeFault",
     "StandIn",
     "StandInState",
     "fetch_state",
+    "judge_score",
     "reset_state",
     "run",
     "set_fault",
@@ -193,6 +208,44 @@ class Fault:
 
 
 @dataclass
+class JudgeCall:
+    """One ``POST /judge/v1/chat/completions`` as received."""
+
+    at: float
+    call_id: str | None
+    """The ``x-trajstream-call-id`` header."""
+    status: int
+    score: float | None = None
+    """The score answered (None: an error or a garbage answer)."""
+    garbage: bool = False
+
+
+@dataclass
+class JudgeFault:
+    """How the judge answers the next ``count`` requests (None: until changed)."""
+
+    mode: Literal["ok", "garbage", "error"] = "ok"
+    status: int = 503
+    count: int | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> JudgeFault:
+        if not isinstance(data, dict) or data.get("mode") not in ("ok", "garbage", "error"):
+            raise ValueError("mode must be one of ok, garbage, error")
+        count, status = data.get("count"), data.get("status", 503)
+        if count is not None and (not _is_int(count) or count < 1):
+            raise ValueError("count must be a positive integer or null")
+        if not _is_int(status) or not 400 <= status <= 599:
+            raise ValueError("status must be an integer from 400 to 599")
+        return cls(mode=data["mode"], status=status, count=count)
+
+
+def judge_score(text: str) -> float:
+    """The stand-in judge's score of a prompt: from its sha256, in [0, 1], 3 decimals."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % 1001 / 1000
+
+
+@dataclass
 class StandInState:
     """Everything the stand-in knows; tests in the same process read it directly."""
 
@@ -208,6 +261,8 @@ class StandInState:
     ready_count_total: int = 0
     model_version: int = 0
     fault: Fault = field(default_factory=Fault)
+    judge: list[JudgeCall] = field(default_factory=list)
+    judge_fault: JudgeFault = field(default_factory=JudgeFault)
 
     def metrics(self) -> dict[str, int]:
         """The ``/metrics`` JSON, with Trinity's keys for its single model."""
@@ -236,6 +291,8 @@ class StandInState:
             "experiences": [asdict(e) for e in self.experiences.values()],
             "ready": list(self.ready),
             "trained": list(self.trained),
+            "judge": [asdict(j) for j in self.judge],
+            "judge_fault": asdict(self.judge_fault),
         }
 
 
@@ -291,6 +348,8 @@ class StandIn:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/feedback", self._feedback)
         app.router.add_post("/commit", self._commit)
+        app.router.add_post("/judge/v1/chat/completions", self._judge)
+        app.router.add_post("/_standin/judge", self._post_judge)
         app.router.add_get("/_standin/state", self._get_state)
         app.router.add_get("/_standin/counts", self._get_counts)
         app.router.add_post("/_standin/fault", self._post_fault)
@@ -653,6 +712,59 @@ class StandIn:
         record.msg_ids = drained
         return web.json_response({"status": "success"})
 
+    async def _judge(self, request: web.Request) -> web.Response:
+        """The LLM judge: a deterministic score of the last user message, or the fault."""
+        body, error = _parse_json(await _read_text(request))
+        state = self._state
+        call = JudgeCall(time.monotonic(), request.headers.get("x-trajstream-call-id"), 200)
+        state.judge.append(call)
+        fault = state.judge_fault
+        if fault.mode != "ok" and fault.count is not None:
+            fault.count -= 1
+            if fault.count <= 0:
+                state.judge_fault = JudgeFault()
+        if fault.mode == "error":
+            call.status = fault.status
+            return web.json_response(
+                {"error": {"message": "stand-in judge fault", "code": fault.status}},
+                status=fault.status,
+            )
+        messages = body.get("messages") if error is None else None
+        if not isinstance(messages, list) or not messages:
+            call.status = 400
+            return web.json_response({"error": {"message": "messages required"}}, status=400)
+        if fault.mode == "garbage":
+            call.garbage = True
+            content = "This answer looks quite good to me, I would rate it highly!"
+        else:
+            call.score = judge_score(_last_user_text(messages))
+            content = json.dumps({"score": call.score, "reason": "stand-in judge"})
+        return web.json_response(
+            {
+                "id": f"chatcmpl-judge-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "standin-judge"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+        )
+
+    async def _post_judge(self, request: web.Request) -> web.Response:
+        data, error = _parse_json(await _read_text(request))
+        if error is not None:
+            return web.json_response({"detail": error}, status=400)
+        try:
+            self._state.judge_fault = JudgeFault.from_json(data)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"status": "success", "judge": asdict(self._state.judge_fault)})
+
     # -- introspection --------------------------------------------------------------------
 
     async def _get_counts(self, request: web.Request) -> web.Response:
@@ -667,6 +779,8 @@ class StandIn:
                 "trained": len(s.trained),
                 "explore_step": s.explore_step,
                 "last_feedback_at": s.feedback[-1].at if s.feedback else None,
+                "judge_requests": len(s.judge),
+                "judge_ok": sum(1 for j in s.judge if j.score is not None),
             }
         )
 

@@ -46,6 +46,9 @@ METRICS: dict[str, str] = {
     "trajstream_feedback_latency_seconds": "histogram: from the first POST /feedback of a "
     "rewarded trajectory to Trinity's acknowledgement, retries included",
     "trajstream_feedback_retries_total": "POST /feedback attempts retried (Trinity unavailable)",
+    "trajstream_judge_verdicts_total": "verdicts of the LLM judge stage, per result (scored; "
+    "failed: a garbage answer, rejected, or unavailable past reward.judge.max_age_s)",
+    "trajstream_judge_retries_total": "judge requests retried (the judge unavailable)",
     "trajstream_trinity_errors_total": "failed Trinity requests, per route (feedback, commit, "
     "metrics) and error (unavailable, rejected, invalid)",
     "trajstream_commits_total": "commits recorded, per result (sent; not_sent: nothing ready "
@@ -123,6 +126,15 @@ class Metrics:
         self._retries = Counter(
             "trajstream_feedback_retries", doc("trajstream_feedback_retries_total"), registry=r
         )
+        self._judge = Counter(
+            "trajstream_judge_verdicts",
+            doc("trajstream_judge_verdicts_total"),
+            ["result"],
+            registry=r,
+        )
+        self._judge_retries = Counter(
+            "trajstream_judge_retries", doc("trajstream_judge_retries_total"), registry=r
+        )
         self._trinity = Counter(
             "trajstream_trinity_errors",
             doc("trajstream_trinity_errors_total"),
@@ -194,6 +206,13 @@ class Metrics:
 
     def feedback_retry(self) -> None:
         self._retries.inc()
+
+    def judge_verdict(self, scored: bool) -> None:
+        """The judge stage made a verdict: with a score, or failed."""
+        self._judge.labels("scored" if scored else "failed").inc()
+
+    def judge_retry(self) -> None:
+        self._judge_retries.inc()
 
     def trinity_error(self, route: str, exc: BaseException) -> None:
         """A Trinity request on ``route`` failed with ``exc`` (a TrinityError)."""

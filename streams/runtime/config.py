@@ -1,18 +1,22 @@
-"""What both runners take from the settings in the same way: the assembly limits and the
-ledger's configuration (so live and replay cannot read them differently).
+"""What both runners take from the settings in the same way: the assembly limits, the
+ledger's configuration and the LLM judge (so live and replay cannot read them differently).
 
 May import: the core, :mod:`streams.settings`. No faust, no Kafka.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from ..core.assembly import Limits
+from ..core.judge import JudgeSpec
 from ..core.ledger import LedgerConfig
+from ..core.rewards import Rewarder
+from ..errors import ConfigError
 from ..settings import Settings
 
-__all__ = ["ledger_config_of", "limits_of"]
+__all__ = ["judge_of", "ledger_config_of", "limits_of"]
 
 
 def limits_of(settings: Settings) -> Limits:
@@ -35,4 +39,24 @@ def ledger_config_of(settings: Settings) -> LedgerConfig:
         drift_fraction=settings.windows.drift_fraction,
         drift_history=settings.windows.drift_history,
         hold_on_drift=settings.commit.hold_on_drift,
+    )
+
+
+def judge_of(settings: Settings, rewarders: Sequence[Rewarder]) -> JudgeSpec | None:
+    """The judge the ``reward.judge`` settings describe, when a reward function needs its
+    verdicts (None otherwise); a judge reward without them fails here, naming what is missing."""
+    if not any(r.needs_verdict for r in rewarders):
+        return None
+    j = settings.reward.judge
+    missing = j.missing()
+    if missing:
+        names = ", ".join(r.name for r in rewarders if r.needs_verdict)
+        raise ConfigError(
+            f"the reward function {names} needs the LLM judge: set {', '.join(missing)}"
+        )
+    assert j.model is not None and j.rubric_file is not None
+    return JudgeSpec(
+        model=j.model,
+        rubric=j.rubric_file.read_text(encoding="utf-8"),
+        max_prompt_chars=j.max_prompt_chars,
     )

@@ -9,8 +9,12 @@ Faust's deserializer.
 
 1. ``assemble``   agent-events + ticks  -> trajectories, decisions, late-events
                   (:class:`~streams.core.assemble.Assembler`; tables ``pending``, ``closed``)
-2. ``reward``     trajectories + user-feedback + ticks -> rewarded
-                  (:class:`~streams.core.reward_join.RewardJoin`; table ``awaiting``)
+2. ``reward``     trajectories + user-feedback + ticks (+ verdicts) -> rewarded (+ judge-requests)
+                  (:class:`~streams.core.reward_join.RewardJoin`; tables ``awaiting`` and,
+                  with a judge reward, ``verdicts``)
+2b. ``judge``     judge-requests -> POST <reward.judge.url>/chat/completions -> verdicts
+                  (only with a reward function that needs the LLM judge;
+                  :func:`streams.io.judge.judge`, :mod:`streams.core.judge`)
 3. ``feedback``   rewarded -> POST /feedback, one per distinct step reward
                   (:func:`streams.core.feedback.feedback_requests`,
                   :func:`streams.io.trinity.retrying`) -> ledger
@@ -38,7 +42,7 @@ import logging
 import os
 import socket
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,6 +56,7 @@ from ..core.clock import wall_clock
 from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
 from ..core.feedback import FeedbackRequest, feedback_requests
+from ..core.judge import JudgeAnswerError
 from ..core.ledger import CommitPlan, due_commit, is_held
 from ..core.ledger_stage import LedgerStage
 from ..core.retry import RetryPolicy
@@ -59,12 +64,14 @@ from ..core.reward_join import RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
 from ..core.select import Strategy, build_strategy
 from ..errors import RecordError, TrinityError
+from ..io.judge import JudgeClient, judge, policy_of
 from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
     DriftAlert,
     FeedbackAck,
+    JudgeRequest,
     LedgerState,
     RewardedTrajectory,
     SelectionDecision,
@@ -78,13 +85,15 @@ from ..observe.web import ObserveServer
 from ..settings import RECORD_HEADROOM, Settings
 from ..topics import Topics
 from . import handover
-from .config import ledger_config_of, limits_of
+from .config import judge_of, ledger_config_of, limits_of
 
 __all__ = ["Pipeline", "TableStore", "source_of"]
 
 log = logging.getLogger("trajstream")
 
 FEEDBACK_BATCH = 64
+JUDGE_BATCH = 32
+JUDGED_REMEMBERED = 100_000  # call ids the judge stage answered, to skip a request made again
 LEDGER_BATCH = 500
 BATCH_WITHIN = 0.05  # seconds a batch waits to fill
 
@@ -136,6 +145,7 @@ class Pipeline:
         strategy: Strategy | None = None,
         rewarder: Rewarder | None = None,
         codec: SchemaRegistry | None = None,
+        judge_client: Callable[[], JudgeClient] | None = None,
     ) -> None:
         self.settings = settings
         self.codec = codec or SchemaRegistry.default()
@@ -148,6 +158,13 @@ class Pipeline:
         self.rewarder = rewarder or build_rewarder(
             settings.reward.function, settings.reward.weights, settings.reward.step_discount
         )
+        self.judge_spec = judge_of(settings, [self.rewarder])  # None: no judge reward
+        self.judge_policy = policy_of(settings.reward.judge)
+        self._judge_factory = judge_client or (
+            lambda: JudgeClient.from_settings(settings.reward.judge)
+        )
+        self._judge: JudgeClient | None = None
+        self._judged: OrderedDict[str, None] = OrderedDict()
         self.limits = limits_of(settings)
         self.ledger_cfg = ledger_config_of(settings)
         self.retry = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
@@ -161,7 +178,16 @@ class Pipeline:
         self.metrics = Metrics(
             worker=self.worker_name,
             app_id=settings.app_id,
-            inputs=(t.agent_events, t.ticks, t.trajectories, t.user_feedback, t.rewarded, t.ledger),
+            inputs=(
+                t.agent_events,
+                t.ticks,
+                t.trajectories,
+                t.user_feedback,
+                t.rewarded,
+                t.ledger,
+                t.judge_requests,
+                t.verdicts,
+            ),
         )
         o = settings.observe
         pages = StatusPages(settings, bootstrap).routes if o.status_page else None
@@ -188,6 +214,10 @@ class Pipeline:
             max_future=self.limits.max_future,
             trajectories_topic=self.topics.trajectories,
             ticks_topic=self.topics.ticks,
+            judge=self.judge_spec,
+            verdicts=TableStore(self.verdicts) if self.verdicts is not None else None,
+            verdicts_topic=self.topics.verdicts,
+            verdict_retention=timedelta(seconds=settings.reward.judge.keep_verdicts_s),
         )
         self.ledger_stage = LedgerStage(
             self.ledger_cfg, store=TableStore(self.ledger), codec=self.codec
@@ -247,9 +277,14 @@ class Pipeline:
         self.t_decisions = raw_topic(t.decisions, n)
         self.t_late = raw_topic(t.late_events, n)
         self.t_alerts = raw_topic(t.alerts, 1)
+        self.t_judge_requests = raw_topic(t.judge_requests, n)
+        self.t_verdicts = raw_topic(t.verdicts, n)
         self.pending = raw_table("pending", n)
         self.closed = raw_table("closed", n)
         self.awaiting = raw_table("awaiting", n)
+        judging = self.judge_spec is not None
+        # the first verdict of each call, while its trajectory may still be redelivered
+        self.verdicts = raw_table("verdicts", n) if judging else None
         self.ledger = raw_table("ledger", 1)
         # One partition: every key lives in partition 0. Saying so lets the final commit write
         # outside a stream (Faust otherwise takes the partition from the current event, and
@@ -273,12 +308,14 @@ class Pipeline:
             async for event in stream.events():
                 await self._guard("assemble", event, self.assembler.on_record)
 
-        # 2. reward: trajectory (+ user feedback, within the grace period) -> rewarded
+        # 2. reward: trajectory (+ user feedback, within the grace period, + the judge's
+        # verdict) -> rewarded; a judge request once per call that needs a verdict
         @app.agent(
             app.topic(
                 t.trajectories,
                 t.user_feedback,
                 t.ticks,
+                *([t.verdicts] if judging else []),
                 key_type=bytes,
                 value_type=bytes,
                 key_serializer="raw",
@@ -289,6 +326,17 @@ class Pipeline:
         async def reward(stream: faust.StreamT) -> None:
             async for event in stream.events():
                 await self._guard("reward", event, self.reward_join.on_record)
+
+        # 2b. judge: a judge request -> the judge's answer, retried while it is unavailable ->
+        # a verdict (scored, or why not) on <p>.verdicts, which the reward stage reads. In
+        # batches like the feedback stage: concurrent, at most reward.judge.max_connections
+        # connections, the batch's offsets acknowledged after all of it was answered.
+        if judging:
+
+            @app.agent(self.t_judge_requests, name="judge")
+            async def judge_stage(stream: faust.StreamT) -> None:
+                async for batch in stream.take_events(JUDGE_BATCH, within=BATCH_WITHIN):
+                    await asyncio.gather(*(self._judge_guarded(e) for e in batch))
 
         # 3. feedback: rewarded -> POST /feedback until acknowledged -> ledger. In batches: the
         # requests of a batch run concurrently (at most trinity.max_connections), and the
@@ -341,6 +389,8 @@ class Pipeline:
             await self.final_commit()
             if self._trinity is not None:
                 await self._trinity.aclose()
+            if self._judge is not None:
+                await self._judge.aclose()
             if self.server is not None:
                 await self.server.stop()
 
@@ -429,6 +479,58 @@ class Pipeline:
         where = reject.source.where() if reject.source else f"call {record.key!r}"
         log.warning("dead letter (%s) %s: %s", reject.stage, where, record.reason)
         await self.t_dead.send(key=record.key, value=self.codec.encode(record))
+
+    # -- 2b. judge ---------------------------------------------------------------------------
+
+    @property
+    def judge_client(self) -> JudgeClient:
+        if self._judge is None:
+            self._judge = self._judge_factory()
+        return self._judge
+
+    async def _judge_guarded(self, event: Any) -> None:
+        """One judge request: its verdict (scored or not) on ``<p>.verdicts``; a request that
+        cannot be read is a ``judge`` dead letter. Never raises for what the judge answers."""
+        src = source_of(event)
+        self.metrics.event_in(src.topic)
+        out = Out()
+        try:
+            request = self.codec.decode_as(src.value, JudgeRequest)
+            if request.call_id in self._judged:
+                # made again for a redelivered trajectory; this process answered it already,
+                # and the reward stage reads that verdict (after a restart it is asked again,
+                # and the reward stage keeps the first verdict)
+                self.stats["judge.skipped"] += 1
+                return
+
+            def retried() -> None:
+                self.stats["judge.retries"] += 1
+                self.metrics.judge_retry()
+
+            verdict = await judge(
+                self.judge_client,
+                request,
+                self.judge_policy,
+                on_retry=retried,
+                clock=lambda: wall_clock(),  # the reward stage's clock: requested_at is in it
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, RecordError | JudgeAnswerError):
+                log.exception("judge: unexpected error on %s", src.where())
+            out.reject(Reject("judge", str(exc) or type(exc).__name__, type(exc).__name__, src))
+        else:
+            self.stats["judge.verdicts" if verdict.error is None else "judge.failed"] += 1
+            self.metrics.judge_verdict(scored=verdict.error is None)
+            if verdict.error is not None:
+                log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
+            out.emit("verdicts", verdict.call_id.encode(), verdict)
+        await self._send(out)
+        if out.emits:
+            self._judged[out.emits[0].record.call_id] = None  # type: ignore[attr-defined]
+            while len(self._judged) > JUDGED_REMEMBERED:
+                self._judged.popitem(last=False)
 
     # -- 3. feedback -------------------------------------------------------------------------
 

@@ -14,6 +14,14 @@ consumer group (:mod:`streams.io.kafka`; it can neither move the live workers' o
 their tables), the Trinity client, the ``<p>.replayed`` ledger (:mod:`streams.core.backfill`)
 and the files.
 
+The LLM judge: a replay never asks again for a call with a verdict on ``<p>.verdicts`` (read
+whole before the range, the last record of a call kept: the one compaction keeps, and the one
+the live reward stage made last); a trajectory that needs a verdict and has none gets one as
+``reward.judge.replay_missing`` says: ``ask`` (the default) asks the judge after the range is
+read, with the live judge stage's retries, and records the verdicts on ``<p>.verdicts`` (so the
+next replay and the workers reuse them; also on a dry run), ``dead_letter`` makes it a ``judge``
+dead letter.
+
 Idempotence: every feedback Trinity acknowledged is recorded on ``<p>.replayed``. A replay first
 reads it and skips what was acknowledged under the same replay id, which is a hash of the
 source prefix, the strategy and the reward function with its version: re-running a replay, or
@@ -50,6 +58,7 @@ from ..core.backfill import (
 )
 from ..core.clock import RecordClock
 from ..core.effects import Out, Reject, Source
+from ..core.judge import JudgeSpec
 from ..core.reward_join import NOTHING_TRAINABLE, RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
 from ..core.select import Strategy, build_strategy
@@ -60,6 +69,8 @@ from ..export.dataset import ExportFile, check_writable, write_export
 from ..export.redact import Redactor
 from ..io import kafka
 from ..models import (
+    JudgeRequest,
+    JudgeVerdict,
     LedgerState,
     RewardedTrajectory,
     SelectionDecision,
@@ -68,12 +79,14 @@ from ..models import (
     utcnow,
 )
 from ..topics import Topics
-from .config import limits_of
+from .config import judge_of, limits_of
 from .replay_io import (
     SourceRecord,
+    ask_judge,
     manifest,
     read_range,
     read_replayed,
+    read_verdicts,
     resolve_range,
     send_to_trinity,
 )
@@ -114,6 +127,10 @@ __all__ = [
 END_OF_TIME = datetime.max.replace(tzinfo=UTC)
 """The clock :meth:`ReplayRunner.finish` gives the reward stages: every grace period is over."""
 
+VERDICTS_LOADED_AT = datetime(9000, 1, 1, tzinfo=UTC)
+"""When replay's reward stages store the verdicts read before the range: after every record
+time, so that none is forgotten while the range is read."""
+
 log = logging.getLogger("trajstream.replay")
 
 
@@ -149,6 +166,7 @@ class ReplayRunner:
         since: datetime | None = None,
         codec: SchemaRegistry | None = None,
         topics: Topics | None = None,
+        judge: JudgeSpec | None = None,
     ) -> None:
         if not rewarders:
             raise ConfigError("a replay needs a reward function")
@@ -178,9 +196,15 @@ class ReplayRunner:
                 max_future=self.limits.max_future,
                 trajectories_topic=self.topics.trajectories,
                 ticks_topic=self.topics.ticks,
+                judge=judge,
+                verdicts=MemoryStore() if judge is not None else None,
+                verdicts_topic=self.topics.verdicts,
             )
             for rewarder in self.rewarders
         ]
+        self.judge_requests: dict[str, JudgeRequest] = {}
+        """Calls whose reward needs a verdict that no record on ``<p>.verdicts`` gave, by
+        call_id: what :meth:`add_verdicts` expects after :meth:`finish`."""
         self.clock = RecordClock()
         self.stats: Counter[str] = Counter()
         self.outcomes: list[Outcome] = []
@@ -224,6 +248,41 @@ class ReplayRunner:
     def feed_all(self, records: Iterable[SourceRecord]) -> None:
         for record in records:
             self.feed(record)
+
+    def load_verdicts(self, records: Iterable[tuple[int, bytes | None, bytes]]) -> None:
+        """The records of ``<p>.verdicts`` (partition, key, value) in offset order, before the
+        range: the last of each call is stored (the one compaction keeps; none when the last is a
+        tombstone)."""
+        last: dict[bytes | None, tuple[int, bytes]] = {}
+        for partition, key, value in records:
+            last.pop(key, None)  # keep the order of the last records
+            if value:  # a tombstone deletes the call's verdict: it is judged again
+                last[key] = (partition, value)
+        for offset, (key, (partition, value)) in enumerate(last.items()):
+            src = Source(self.topics.verdicts, partition, offset, key, value)
+            for index, join in enumerate(self.joins):
+                out = join.on_record(src, VERDICTS_LOADED_AT)
+                self._joined(index, out, count=index == 0)
+            self.stats["judge.verdicts_stored"] += 1
+
+    def partition_of(self, call_id: str) -> int | None:
+        """The partition of a call closed in the range (None if unknown)."""
+        outcome = self._by_call.get(call_id)
+        return outcome.partition if outcome is not None and outcome.partition >= 0 else None
+
+    def add_verdicts(self, verdicts: Iterable[JudgeVerdict]) -> None:
+        """Verdicts for :attr:`judge_requests` (asked after :meth:`finish`, or made dead
+        letters): the trajectories waiting for them are scored."""
+        for verdict in verdicts:
+            if self.judge_requests.pop(verdict.call_id, None) is None:
+                continue
+            outcome = self._by_call.get(verdict.call_id)
+            partition = outcome.partition if outcome is not None else -1
+            key = verdict.call_id.encode()
+            src = Source(self.topics.verdicts, partition, -1, key, self.codec.encode(verdict))
+            now = self.clock.at.get(partition, VERDICTS_LOADED_AT)
+            for index, join in enumerate(self.joins):
+                self._joined(index, join.on_record(src, now), count=index == 0)
 
     def finish(self, until: datetime | None = None) -> None:
         """End of the range: move the clocks to ``until`` (closing what the live workers would
@@ -295,6 +354,12 @@ class ReplayRunner:
         if count:
             self.stats["trajectories.incomplete"] += out.stats["trajectories.incomplete"]
         for emit in out.emits:
+            if emit.topic == "judge_requests":
+                assert isinstance(emit.record, JudgeRequest)
+                self.judge_requests.setdefault(emit.record.call_id, emit.record)
+                continue
+            if emit.topic != "rewarded":  # a verdict emitted again: the live topic's concern
+                continue
             rewarded = emit.record
             assert isinstance(rewarded, RewardedTrajectory) and isinstance(emit.context, Trajectory)
             outcome = self._by_call.get(rewarded.call_id)
@@ -413,6 +478,7 @@ async def run_replay(
     rewarders = [build_rewarder(options.reward or settings.reward.function, weights, gamma)]
     if options.compare_reward:
         rewarders.append(build_rewarder(options.compare_reward, weights, gamma))
+    judge = judge_of(settings, rewarders)  # a judge reward without its settings fails here
     redactor = Redactor(options.redact_patterns, enabled=options.redact)  # files
     task_redactor = Redactor(options.redact_patterns, enabled=options.redact)  # Trinity task_id
     pacer = CommitPacer(
@@ -463,11 +529,16 @@ async def run_replay(
             late_retention=timedelta(seconds=settings.assembly.late_retention_s),
             since=options.since,
             codec=codec,
+            judge=judge,
         )
         result = ReplayResult(rid, core, source, dry_run=dry_run)
+        if judge is not None:  # the verdicts first: no judge request for a call that has one
+            core.load_verdicts(await read_verdicts(consumer, topics, names.verdicts))
         result.records = await read_range(consumer, ranges, core, progress_console)
         end_of_range = options.until or (None if options.offsets else started)
         core.finish(end_of_range)
+        if core.judge_requests:  # calls with no stored verdict: ask, or dead letters
+            core.add_verdicts(await ask_judge(settings, bootstrap, core, progress_console, codec))
         if "trinity" in options.to:
             acknowledged, uncommitted, result.ledger = await read_replayed(
                 consumer, topics, names.replayed, rid, codec

@@ -21,13 +21,14 @@ from ..codec import SchemaRegistry
 from ..core.backfill import CommitPacer, ack_key, commit_key, ledger_key, read_ledger
 from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.feedback import feedback_requests
+from ..core.judge import failed_verdict
 from ..core.ledger import CommitPlan
 from ..core.retry import RetryPolicy
 from ..errors import BrokerError, ConfigError, TrinityError, TrinityRejected
 from ..export.dataset import EXPORT_SCHEMA_VERSION
 from ..export.redact import Redactor
 from ..io import kafka
-from ..models import CommitRecord, FeedbackAck, LedgerState, utcnow
+from ..models import CommitRecord, FeedbackAck, JudgeVerdict, LedgerState, utcnow
 from ..topics import Topics
 from .replay_options import ReplayError, ReplayOptions
 from .replay_report import Distribution, progress
@@ -41,9 +42,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SourceRecord",
+    "ask_judge",
     "manifest",
     "read_range",
     "read_replayed",
+    "read_verdicts",
     "resolve_range",
     "send_to_trinity",
 ]
@@ -384,3 +387,84 @@ def manifest(
         "reward_distribution": Distribution.of(scored).as_dict(),
         "redaction": redactor.summary(),
     }
+
+
+async def read_verdicts(
+    consumer: Any, existing: dict[str, list[int]], topic: str
+) -> list[tuple[int, bytes | None, bytes]]:
+    """Every record of ``<p>.verdicts`` (partition, key, value), in offset order per partition
+    (none when the topic does not exist)."""
+    from aiokafka import TopicPartition
+
+    if topic not in existing:
+        return []
+    tps = [TopicPartition(topic, p) for p in existing[topic]]
+    first = await consumer.beginning_offsets(tps)
+    last = await consumer.end_offsets(tps)
+    ranges = {tp: (first[tp], last[tp]) for tp in tps if last[tp] > first[tp]}
+    if not ranges:
+        return []
+    fetched = await fetch(consumer, ranges, lambda n: None)
+    return [(m.partition, m.key, m.value or b"") for tp in sorted(fetched) for m in fetched[tp]]
+
+
+async def ask_judge(
+    settings: Settings,
+    bootstrap: str,
+    core: ReplayRunner,
+    console: Console,
+    codec: SchemaRegistry,
+) -> list[JudgeVerdict]:
+    """Verdicts for the calls the range needs and ``<p>.verdicts`` did not have: asked (and
+    recorded there, so that the next replay and the workers reuse them), or, with
+    ``reward.judge.replay_missing = dead_letter``, verdicts without a score."""
+    from ..io.judge import JudgeClient, judge, policy_of
+
+    j = settings.reward.judge
+    requests = list(core.judge_requests.values())
+    if j.replay_missing == "dead_letter":
+        reason = (
+            "no verdict on the verdicts topic for this call, and reward.judge.replay_missing "
+            "is dead_letter"
+        )
+        core.stats["judge.not_asked"] += len(requests)
+        return [failed_verdict(r, reason, "", 0, utcnow()) for r in requests]
+    console.print(f"asking the judge for {len(requests)} call(s) without a stored verdict")
+    core.stats["judge.asked"] += len(requests)
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+    client = JudgeClient.from_settings(j)
+    policy = policy_of(j)
+    slots = asyncio.Semaphore(j.max_connections)
+
+    async def one(request: Any) -> JudgeVerdict:
+        async with slots:
+            # the age counts from now: these requests were made by this replay, just now
+            fresh = request.model_copy(update={"requested_at": utcnow()})
+            verdict = await judge(client, fresh, policy)
+            return verdict.model_copy(update={"requested_at": request.requested_at})
+
+    try:
+        verdicts = list(await asyncio.gather(*(one(r) for r in requests)))
+    finally:
+        await client.aclose()
+    await kafka.create_topics(
+        bootstrap,
+        {topics.verdicts: settings.kafka.partitions},
+        settings.kafka.replication_factor,
+        security=settings.kafka.security,
+        configs=topics.configs(),
+    )
+    producer = kafka.producer(bootstrap, settings.kafka.security)
+    await producer.start()
+    try:
+        for verdict in verdicts:
+            partition = core.partition_of(verdict.call_id)
+            await producer.send_and_wait(
+                topics.verdicts,
+                codec.encode(verdict),
+                key=verdict.call_id.encode(),
+                partition=partition,
+            )
+    finally:
+        await producer.stop()
+    return verdicts

@@ -173,6 +173,12 @@ def print_summary(console: Console, result: ReplayResult, options: ReplayOptions
         table.add_row("offsets", json.dumps(src.get("topics", {})))
     table.add_row("strategy", core.strategy.name)
     table.add_row("reward", f"{core.rewarders[0].name} (version {core.rewarders[0].version})")
+    if any(r.needs_verdict for r in core.rewarders):
+        table.add_row(
+            "judge verdicts",
+            f"{s['judge.verdicts_stored']} read from the verdicts topic, {s['judge.asked']} "
+            f"asked, {s['judge.not_asked']} without one (dead letters)",
+        )
     table.add_row(
         "records read",
         f"{result.records} ({s['records.event']} events, {s['records.feedback']} feedback)",

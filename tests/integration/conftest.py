@@ -218,7 +218,8 @@ async def read_topic(
         while time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=500)
             for msgs in batch.values():
-                records.extend(codec.decode(m.value) for m in msgs)
+                # a tombstone (no value: a deletion on a compacted topic) is no record
+                records.extend(codec.decode(m.value) for m in msgs if m.value is not None)
             if until is None and not batch:
                 break
             if until is not None and until(records):

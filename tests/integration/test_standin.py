@@ -532,3 +532,41 @@ async def wait_for_health(client: TrinityClient, *, within: float) -> None:
     while not await client.health():
         assert time.monotonic() < deadline, "stand-in did not come back"
         await asyncio.sleep(0.05)
+
+
+async def test_the_judge_answers_the_official_openai_client(
+    standin: StandIn, raw: httpx.AsyncClient
+) -> None:
+    """The judge route: a deterministic score of the last user message, as the JSON the judge
+    format asks for; steered by POST /_standin/judge (garbage, 5xx), counted in /_standin/counts."""
+    from openai import AsyncOpenAI, InternalServerError
+
+    from streams.core.judge import parse_score
+    from streams.devtools.standin import judge_score
+
+    client = AsyncOpenAI(base_url=f"{standin.url}/judge/v1", api_key="not-checked", max_retries=0)
+    messages: Any = [
+        {"role": "system", "content": "Score it."},
+        {"role": "user", "content": "## Prompt\nuser: hi"},
+    ]
+    try:
+        first = await client.chat.completions.create(model="judge", messages=messages)
+        again = await client.chat.completions.create(model="judge", messages=messages)
+        content = first.choices[0].message.content or ""
+        assert parse_score(content) == (judge_score("## Prompt\nuser: hi"), "stand-in judge")
+        assert again.choices[0].message.content == content  # deterministic
+        assert (await raw.post("/_standin/judge", json={"mode": "garbage", "count": 1})).is_success
+        garbage = await client.chat.completions.create(model="judge", messages=messages)
+        assert "{" not in (garbage.choices[0].message.content or "")
+        await raw.post("/_standin/judge", json={"mode": "error", "status": 503, "count": 1})
+        with pytest.raises(InternalServerError):
+            await client.chat.completions.create(model="judge", messages=messages)
+        await client.chat.completions.create(model="judge", messages=messages)  # ok again
+    finally:
+        await client.close()
+    counts = (await raw.get("/_standin/counts")).json()
+    assert (counts["judge_requests"], counts["judge_ok"]) == (5, 3)
+    assert [j.status for j in standin.state.judge] == [200, 200, 200, 503, 200]
+    assert standin.state.feedback == [] and standin.state.request_count == 0  # Trinity untouched
+    bad = await raw.post("/_standin/judge", json={"mode": "sometimes"})
+    assert bad.status_code == 400

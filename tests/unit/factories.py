@@ -25,6 +25,8 @@ from streams.models import (
     DriftAlert,
     FeedbackAck,
     FeedbackKind,
+    JudgeRequest,
+    JudgeVerdict,
     LedgerState,
     PendingCommit,
     PendingEvent,
@@ -33,6 +35,7 @@ from streams.models import (
     Selection,
     SelectionDecision,
     StepKind,
+    StoredVerdict,
     Tick,
     ToolCall,
     TrainingMark,
@@ -178,7 +181,7 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
         ],
         closed_reason="ended",
     )
-    return {
+    records: dict[type[AvroModel], AvroModel] = {
         ToolCall: ToolCall(id="call_1", name="search", arguments='{"q": "paris"}'),
         ChatMessage: ChatMessage(
             role="tool", content="42 results", name="search", tool_call_id="call_1"
@@ -275,6 +278,8 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             trajectory=traj,
             feedback=[feedback()],
             since=at(4),
+            ready=True,
+            judge_requested_at=at(4),
         ),
         LedgerState: LedgerState(
             next_seq=4,
@@ -356,4 +361,29 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             requested_by="ops",
             reason="checked the drop",
         ),
+        JudgeRequest: JudgeRequest(
+            call_id="call-1",
+            trajectory_id="traj-1",
+            model="judge-model",
+            rubric="Score how well the agent answered.",
+            prompt="## prompt\nuser: hi",
+            prompt_hash="ab" * 32,
+            requested_at=at(5),
+        ),
+        JudgeVerdict: JudgeVerdict(
+            call_id="call-1",
+            trajectory_id="traj-1",
+            score=0.75,
+            reason="answered, a bit long",
+            judge_model="judge-model",
+            prompt_hash="ab" * 32,
+            raw_answer='{"score": 0.75, "reason": "answered, a bit long"}',
+            attempts=2,
+            requested_at=at(5),
+            judged_at=at(6),
+        ),
     }
+    verdict = records[JudgeVerdict]
+    assert isinstance(verdict, JudgeVerdict)
+    records[StoredVerdict] = StoredVerdict(partition=2, stored_at=at(7), verdict=verdict)
+    return records

@@ -393,3 +393,110 @@ def test_the_refused_names_are_faust_settings_read_from_the_environment() -> Non
 
     read = {p.env_name for p in FaustSettings.SETTINGS.values() if p.env_name}
     assert set(FAUST_ENV_OVERRIDES) <= read
+
+
+# -- reward.judge ------------------------------------------------------------------------------
+
+
+def test_the_judge_settings_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from streams.cli import cmd_settings
+
+    rubric = tmp_path / "rubric.txt"
+    rubric.write_text("Score the answer.\n")
+    monkeypatch.setenv("TRAJSTREAM_REWARD__FUNCTION", "streams.rewards:judge")
+    monkeypatch.setenv("TRAJSTREAM_REWARD__JUDGE__URL", "https://judge.example/v1/")
+    monkeypatch.setenv("TRAJSTREAM_REWARD__JUDGE__MODEL", "gpt-judge")
+    monkeypatch.setenv("TRAJSTREAM_REWARD__JUDGE__RUBRIC_FILE", str(rubric))
+    monkeypatch.setenv("TRAJSTREAM_REWARD__JUDGE__API_KEY", "sk-very-secret")
+    s = load_settings()
+    j = s.reward.judge
+    assert (j.url, j.model, j.rubric_file, j.max_age_s) == (
+        "https://judge.example/v1",
+        "gpt-judge",
+        rubric,
+        900.0,
+    )
+    assert j.api_key is not None and j.api_key.get_secret_value() == "sk-very-secret"
+    assert "sk-very-secret" not in repr(s) and "sk-very-secret" not in str(j)
+    cmd_settings(None, s)  # type: ignore[arg-type]
+    printed = capsys.readouterr().out
+    assert "sk-very-secret" not in printed
+    assert json.loads(printed)["reward"]["judge"]["api_key"] == "**********"
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"RUBRIC_FILE": "no/such/rubric.txt"}, "reward.judge.rubric_file"),
+        ({"URL": "ftp://judge"}, "reward.judge.url"),
+        ({"URL": "https://user:pw@judge/v1"}, "reward.judge.url"),
+        ({"MAX_AGE_S": "0"}, "reward.judge.max_age_s"),
+        ({"REPLAY_MISSING": "guess"}, "reward.judge.replay_missing"),
+        ({"MAX_PROMPT_CHARS": "10000000"}, "reward.judge.max_prompt_chars"),
+    ],
+)
+def test_a_bad_judge_setting_fails_naming_it(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], names: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(f"TRAJSTREAM_REWARD__JUDGE__{key}", value)
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert names in str(err.value) and "pw@" not in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "says"), [("  \n", "is empty"), ("x" * 70_000, "larger than")])
+def test_an_empty_or_huge_rubric_file_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str, says: str
+) -> None:
+    (tmp_path / "rubric.txt").write_text(text)
+    monkeypatch.setenv("TRAJSTREAM_REWARD__JUDGE__RUBRIC_FILE", str(tmp_path / "rubric.txt"))
+    with pytest.raises(ConfigError, match=rf"reward\.judge\.rubric_file.*{says}"):
+        load_settings()
+
+
+def test_a_judge_reward_without_its_settings_fails_at_start(tmp_path: Path) -> None:
+    from streams.core.rewards import build_rewarder
+    from streams.runtime.config import judge_of
+
+    plain = [build_rewarder("streams.rewards:success")]
+    assert judge_of(load_settings(), plain) is None  # no judge needed, none configured
+    composite = build_rewarder(
+        "composite", {"streams.rewards:success": 0.5, "streams.rewards:judge": 0.5}
+    )
+    with pytest.raises(ConfigError) as err:
+        judge_of(load_settings(reward={"judge": {"model": "m"}}), [composite])
+    message = str(err.value)
+    assert "reward.judge.url [TRAJSTREAM_REWARD__JUDGE__URL]" in message
+    assert "reward.judge.rubric_file" in message and "reward.judge.model" not in message
+    rubric = tmp_path / "r.txt"
+    rubric.write_text("Rubric.")
+    settings = load_settings(
+        reward={"judge": {"url": "http://j/v1", "model": "m", "rubric_file": str(rubric)}}
+    )
+    spec = judge_of(settings, [composite])
+    assert spec is not None and (spec.model, spec.rubric) == ("m", "Rubric.")
+
+
+def test_the_readme_judge_example_is_valid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The README's reward.judge example loads, and names a rubric file that exists."""
+    import re
+
+    from streams.core.rewards import build_rewarder
+    from streams.runtime.config import judge_of
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("**The LLM judge.**") :]
+    example = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
+    assert example is not None
+    (tmp_path / "judge.toml").write_text(example.group(1))
+    monkeypatch.chdir(root)  # the rubric file is named relative to the repository
+    s = load_settings(tmp_path / "judge.toml")
+    rewarder = build_rewarder(s.reward.function, s.reward.weights)
+    spec = judge_of(s, [rewarder])
+    assert spec is not None and '"score"' in spec.rubric and rewarder.needs_verdict

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from streams.codec import SchemaRegistry
 from streams.core.assemble import Assembler
 from streams.core.assembly import Limits
 from streams.core.effects import Out, Source
+from streams.core.judge import JudgeSpec
 from streams.core.reward_join import RewardJoin
 from streams.core.rewards import Rewarder, build_rewarder
 from streams.core.select import Strategy, build_strategy
@@ -23,6 +25,7 @@ from streams.errors import TrinityRejected, TrinityUnavailable
 from streams.models import AvroModel, Tick, Trajectory
 
 CODEC = SchemaRegistry.default()
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -35,9 +38,12 @@ class Core:
     late_retention: timedelta = timedelta(seconds=120)
     feedback_grace: timedelta = timedelta(0)
     score_incomplete: bool = False
+    judge: JudgeSpec | None = None
+    verdict_retention: timedelta = timedelta(hours=1)
 
     def __post_init__(self) -> None:
         self.pending, self.closed, self.awaiting = MemoryStore(), MemoryStore(), MemoryStore()
+        self.verdicts = MemoryStore()
         self.assembler = Assembler(
             self.strategy,
             limits=self.limits,
@@ -53,6 +59,9 @@ class Core:
             feedback_grace=self.feedback_grace,
             abandon_after=self.limits.abandon_after,
             score_incomplete=self.score_incomplete,
+            judge=self.judge,
+            verdicts=self.verdicts if self.judge is not None else None,
+            verdict_retention=self.verdict_retention,
         )
         self.out = Out()
         self._offset = 0
@@ -72,6 +81,14 @@ class Core:
 
     def feedback(self, record: AvroModel, now: datetime) -> Out:
         return self._record(self.join.on_record(self.source("user-feedback", record), now))
+
+    def verdict(self, record: AvroModel, now: datetime) -> Out:
+        """A record read from ``<p>.verdicts`` by the reward stage."""
+        return self._record(self.join.on_record(self.source("verdicts", record), now))
+
+    def trajectory(self, record: AvroModel, now: datetime) -> Out:
+        """A trajectory (re)delivered to the reward stage."""
+        return self._record(self.join.on_record(self.source("trajectories", record), now))
 
     def tick(self, now: datetime) -> Out:
         """A clock tick for partition 0, to both stages (as the live ticks topic does)."""
@@ -139,4 +156,14 @@ def m(step: int, ready: int) -> dict[str, Any]:
 DOWN = TrinityUnavailable("503 from /metrics")
 REJECTED = TrinityRejected("400")
 
-__all__ = ["CODEC", "DOWN", "REJECTED", "Core", "ScriptedTrinity", "Trajectory", "m", "tick_record"]
+__all__ = [
+    "CODEC",
+    "DOWN",
+    "REJECTED",
+    "REPO_ROOT",
+    "Core",
+    "ScriptedTrinity",
+    "Trajectory",
+    "m",
+    "tick_record",
+]

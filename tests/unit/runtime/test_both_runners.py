@@ -6,10 +6,12 @@ the same reasons: they run one core, and only the clock's source differs."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import httpx
 import pytest
 
 import streams.runtime.live as live
@@ -17,6 +19,8 @@ from streams.codec import SchemaRegistry
 from streams.core.backfill import plan_feedback
 from streams.core.feedback import feedback_requests
 from streams.core.store import MemoryStore
+from streams.devtools.standin import judge_score
+from streams.io.judge import JudgeClient, judge
 from streams.models import (
     AvroModel,
     CommitRecord,
@@ -30,7 +34,7 @@ from streams.models import (
 from streams.runtime.live import Pipeline
 from streams.runtime.replay import END_OF_TIME, ReplayRunner, SourceRecord
 from streams.settings import Settings, load_settings
-from tests.unit.core.harness import ScriptedTrinity, m
+from tests.unit.core.harness import REPO_ROOT, ScriptedTrinity, m
 from tests.unit.factories import at, end, feedback, start, step
 
 CODEC = SchemaRegistry.default()
@@ -86,17 +90,54 @@ CASES: dict[str, tuple[dict[str, Any], list[Row], float]] = {
         [*call("c1"), (5, "feedback", Tick(at=at(900)), b"c1")],
         10,
     ),
+    # the stand-in's judge answers; call "c2" gets a garbage answer: a judge dead letter
+    "judge reward, and a garbage answer": (
+        {"reward": {"function": "streams.rewards:judge"}},
+        call("c1") + call("c2", 3) + call("c3", 6, steps=2),
+        20,
+    ),
+    "judge in a composite, with feedback in the grace period": (
+        {
+            "reward": {
+                "function": "composite",
+                "weights": {"streams.rewards:user_rating": 1, "streams.rewards:judge": 1},
+                "feedback_grace_s": 10,
+            }
+        },
+        [*call("c1"), (5, "feedback", feedback("c1", rating=5.0), None), *call("c3", 6)],
+        40,
+    ),
 }
+
+RUBRIC = str(REPO_ROOT / "examples" / "judge-rubric.txt")
+
+
+def fake_judge() -> JudgeClient:
+    """The stand-in judge's answers without a server: a score from the prompt's hash, and a
+    garbage answer for call c2."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        if request.headers["x-trajstream-call-id"] == "c2":
+            content = "Looks great!"
+        else:
+            content = json.dumps({"score": judge_score(prompt), "reason": "hash"})
+        return httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
+
+    return JudgeClient("http://judge.test/v1", transport=httpx.MockTransport(answer))
 
 
 def settings_for(overrides: dict[str, Any]) -> Settings:
     base: dict[str, Any] = {
         "selection": {"strategy": "sampling:1"},
+        "reward": {"judge": {"url": "http://judge.test/v1", "model": "j", "rubric_file": RUBRIC}},
         "assembly": {"abandon_after_s": 60, "late_retention_s": 900},
         "observe": {"port": 0},  # no metrics server in a unit test
     }
     for section, values in overrides.items():
         base.setdefault(section, {}).update(values)
+    if "judge" not in str(base["reward"].get("function", "")) + str(base["reward"].get("weights")):
+        base["reward"].pop("judge")  # the other cases run without the judge settings
     return load_settings(**base)
 
 
@@ -144,9 +185,16 @@ class FeedbackTrinity(ScriptedTrinity):
 
 def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any) -> Result:
     trinity = FeedbackTrinity()
-    p = Pipeline(settings, bootstrap="127.0.0.1:9", trinity=lambda: trinity)  # type: ignore[arg-type,return-value]
+    p = Pipeline(
+        settings,
+        bootstrap="127.0.0.1:9",
+        trinity=lambda: trinity,  # type: ignore[arg-type,return-value]
+        judge_client=fake_judge,
+    )
     p.assembler.pending, p.assembler.closed = MemoryStore(), MemoryStore()
     p.reward_join.awaiting = MemoryStore()
+    if p.reward_join.verdicts is not None:
+        p.reward_join.verdicts = MemoryStore()
     sent: list[tuple[str, bytes | None, bytes]] = []
     for name in (
         "trajectories",
@@ -158,6 +206,8 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         "commits",
         "dead",
         "late",
+        "judge_requests",
+        "verdicts",
     ):
         setattr(p, f"t_{name}", Sink(name, sent))
     clock = {"now": at(0)}
@@ -175,6 +225,11 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
                 await p._guard("reward", event, p.reward_join.on_record)
             elif name == "rewarded":
                 await p._feedback_guarded(Event(t.rewarded, next(offsets), key, value))
+            elif name == "judge_requests":
+                await p._judge_guarded(Event(t.judge_requests, next(offsets), key, value))
+            elif name == "verdicts":
+                event = Event(t.verdicts, next(offsets), key, value)
+                await p._guard("reward", event, p.reward_join.on_record)
         return done
 
     async def tick(now: datetime, *, reward_only: bool = False) -> None:
@@ -232,11 +287,22 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
         score_incomplete=settings.reward.score_incomplete,
         late_retention=p.assembler.late_retention,
         topics=p.topics,
+        judge=p.judge_spec,
     )
     for offset, (seconds, kind, record, key) in enumerate(rows):
         key = key if key is not None else getattr(record, "call_id", "").encode()
         runner.feed(SourceRecord(kind, 0, offset, at(seconds), key, CODEC.encode(record)))  # type: ignore[arg-type]
     runner.finish(at(until))
+    if runner.judge_requests:  # as run_replay asks for the calls without a stored verdict
+
+        async def ask() -> list[Any]:
+            client = fake_judge()
+            requests = list(runner.judge_requests.values())
+            return [
+                await judge(client, r, p.judge_policy, clock=lambda: at(until)) for r in requests
+            ]
+
+        runner.add_verdicts(asyncio.run(ask()))
     rewards = [r for _, r in runner.scored()]
     return Result(
         runner.decisions,
@@ -268,7 +334,8 @@ def test_the_cases_cover_what_matters() -> None:
     """The table is not vacuous: between them the cases reject, abandon, wait and score."""
     results = [run_replay(settings_for(o), rows, until) for o, rows, until in CASES.values()]
     stages = {stage for r in results for stage, _ in r.rejects}
-    assert {"assemble", "reward", "late"} <= stages
+    assert {"assemble", "reward", "late", "judge"} <= stages
+    assert any(t.reward_fn == "streams.rewards:judge" for r in results for t in r.rewards)
     assert any(d.closed_reason.startswith("abandoned") for r in results for d in r.decisions)
     assert any(fb for r in results for t in r.rewards for fb in [t.reward != 0.5])
     assert any(len(r.feedback) > len(r.rewards) for r in results)  # per-step requests

@@ -650,3 +650,64 @@ def test_a_call_without_an_llm_step_is_not_rewarded_in_replay_either() -> None:
     assert c.scored() == [] and o.errors == [NOTHING_TRAINABLE]
     assert c.stats["nothing_trainable.0"] == 1 and c.stats["rewarded.0"] == 0
     assert [(r.stage, r.reason) for r in c.rejects] == [("reward", NOTHING_TRAINABLE)]
+
+
+# -- the LLM judge in replay ---------------------------------------------------------------------
+
+
+def _verdict(call_id: str, score: float | None, judged: float = 3) -> Any:
+    from streams.models import JudgeVerdict
+
+    return JudgeVerdict(
+        call_id=call_id,
+        trajectory_id=call_id,
+        score=score,
+        error=None if score is not None else "garbage answer: empty",
+        judge_model="j",
+        prompt_hash="h" * 64,
+        requested_at=at(2),
+        judged_at=at(judged),
+    )
+
+
+def _judge_core() -> ReplayCore:
+    from streams.core.judge import JudgeSpec
+
+    return ReplayCore(
+        ALL,
+        [build_rewarder("streams.rewards:judge")],
+        limits=LIMITS,
+        judge=JudgeSpec(model="j", rubric="Score."),
+    )
+
+
+def _call(call_id: str, offset: int) -> list[SourceRecord]:
+    return [
+        rec(start(call_id), 0, offset=offset),
+        rec(step(call_id, 0), 1, offset=offset + 1),
+        rec(end(call_id, step_count=1), 2, offset=offset + 2),
+    ]
+
+
+def test_replay_reuses_the_last_stored_verdict_of_a_call_and_asks_for_the_others() -> None:
+    core = _judge_core()
+    stored = [
+        (0, b"c1", CODEC.encode(_verdict("c1", 0.1))),
+        (0, b"c1", CODEC.encode(_verdict("c1", 0.9, judged=4))),  # the last of c1 wins
+        (0, b"c3", CODEC.encode(_verdict("c3", None))),
+        (0, b"c4", CODEC.encode(_verdict("c4", 0.2))),
+        (0, b"c4", b""),  # a tombstone: c4 is judged again
+    ]
+    core.load_verdicts(stored)
+    core.feed_all(_call("c1", 0) + _call("c2", 10) + _call("c3", 20) + _call("c4", 30))
+    core.finish()
+    assert list(core.judge_requests) == ["c2", "c4"]  # only the calls without a verdict
+    request = core.judge_requests["c2"]
+    assert request.model == "j" and request.rubric == "Score."
+    core.add_verdicts([_verdict("c2", 0.5), _verdict("c4", 0.6), _verdict("c9", 0.5)])
+    assert core.judge_requests == {}  # c9 was not asked: ignored
+    assert {o.call_id: r.reward for o, r in core.scored()} == {"c1": 0.9, "c2": 0.5, "c4": 0.6}
+    [error] = [o.errors[0] for o in core.outcomes if o.call_id == "c3"]
+    assert error == "judge verdict without a score: garbage answer: empty"
+    assert [(r.stage, r.key) for r in core.rejects] == [("judge", b"c3")]
+    assert core.stats["judge.verdicts_stored"] == 2
