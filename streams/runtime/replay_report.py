@@ -157,7 +157,14 @@ def print_summary(console: Console, result: ReplayResult, options: ReplayOptions
     src = result.source
     table = Table(
         title=f"replay {result.replay_id}"
-        + (" (dry run: nothing sent or written)" if result.dry_run else ""),
+        + (
+            (
+                " (dry run: nothing sent to Trinity or written"
+                + (", but the judge's new verdicts were recorded)" if s["judge.asked"] else ")")
+            )
+            if result.dry_run
+            else ""
+        ),
         show_header=False,
         title_justify="left",
     )
