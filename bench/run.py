@@ -1,24 +1,35 @@
 """trajstream benchmark: the pipeline against bare Kafka, measured side by side in one run.
 
-    ./dev bench                 # everything, including the 10-minute soak (about 20 minutes)
-    ./dev bench --quick         # a few seconds per scenario, small sizes (a smoke run)
-    ./dev bench --only ceiling,pipeline --calls 5000
+    ./dev bench                 # everything, including the 30-minute soak (about 50 minutes)
+    ./dev bench --quick         # small sizes, no soak: a smoke run (about 3 minutes)
+    ./dev bench --only memory,changelog --open-calls 4000
+    ./dev bench --only soak --soak-seconds 600
 
 It starts its own local Kafka broker (or uses KAFKA_BOOTSTRAP_SERVERS / --bootstrap) and its own
-Trinity stand-in process, and reports, as a table and as JSON (bench/results/latest.json):
+Trinity stand-in process, and reports, as a table and as JSON (bench/results/latest.json), each
+figure as a ratio within the run with its target and whether it is met. ``--only`` names:
 
-1. ceiling    bare aiokafka consume -> produce of the same records, events/s
-   faust      (context) a Faust agent that consumes the same records and does nothing
-2. pipeline   one worker process: select, assemble, reward, feedback over loopback HTTP,
-              windows, commits; events/s (every call selected: the full path for every event)
-3. latency    call end produced -> feedback acknowledged at the stand-in, p50/p99, at half of
-              the pipeline's measured rate
-4. memory     worker RSS per open trajectory (10,000 open calls), and RSS drift over the soak
-5. scaling    two worker processes against one, same broker, same backlog
-6. state      per-event cost with 1,000 versus 100,000 open trajectories
+ceiling    bare aiokafka consume -> produce of the same records, events/s (context)
+faust      a Faust agent that consumes the same records and does nothing, events/s
+pipeline   one worker process: select, assemble, reward, feedback over loopback HTTP,
+           windows, commits; events/s (every call selected: the full path for every event);
+           target: >= 0.7 of the bare Faust agent
+latency    call END produced -> feedback acknowledged at the stand-in, p50/p99, at half of
+           the pipeline's measured rate; target: p99 <= 100 ms
+memory     worker RSS per open call beyond its payload, open calls of 1 and of 10 events that
+           never end (RSS before and after, minus the records' bytes); target: <= 1 KiB each
+changelog  bytes a worker writes to its changelog topics (<app_id>-*-changelog, read back
+           record by record) and to all its topics, per byte of input, for calls of 5 and of
+           100 steps; target: changelog <= 2x each
+scaling    1, 2 and 4 worker processes on one backlog: worker CPU seconds (utime + stime of
+           /proc/<pid>/stat, summed) per 1,000 events while draining it; target: within 10%
+           of each other; and throughput of 2 workers against 1 (context: 2 shared cores)
+state      events/s with 100,000 open calls against 1,000; target: within 10%
+soak       one worker's RSS over --soak-seconds at half load, sampled ~120 times; after the
+           first fifth (warm-up): first/last/peak, drift and slope; target: drift < 2 %
 
-Events are realistic: five per call (start, two LLM steps, one tool step, end), 1-4 KB each.
-Every figure is from this run on this machine; targets are ratios within the run.
+Events are realistic: calls of a start, LLM and tool steps and an end, 1-4 KB each (five events
+per call unless a scenario says otherwise). Every figure is from this run on this machine.
 """
 
 from __future__ import annotations
