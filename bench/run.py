@@ -683,7 +683,13 @@ async def memory(
 
 
 async def changelog(
-    bootstrap: str, standin: Standin, tmp: Path, steps: int, calls: int, rng: random.Random
+    bootstrap: str,
+    standin: Standin,
+    tmp: Path,
+    steps: int,
+    calls: int,
+    rng: random.Random,
+    settle: float = 6,
 ) -> dict[str, Any]:
     """Bytes a worker writes per byte of input for ``calls`` calls of ``steps`` steps: the
     calls are produced (complete, every one selected), one worker processes them (every call
@@ -699,7 +705,7 @@ async def changelog(
         await asyncio.to_thread(wait_fed_back, standin, calls, 1800, procs)
         await wait_consumed(bootstrap, prefix, topics.agent_events)
         seconds = time.monotonic() - t0
-        await asyncio.sleep(6)  # one commit interval: what the ledger writes for these calls
+        await asyncio.sleep(settle)  # a commit interval: what the ledger writes for them
     produced = [t for t in await app_topics(bootstrap, prefix) if t != topics.agent_events]
     sizes = await topic_bytes(bootstrap, produced)
     changelogs = {t: v for t, v in sizes.items() if t.endswith("-changelog")}
@@ -918,7 +924,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             shapes = [(5, args.changelog_calls), (100, max(2, args.changelog_calls // 50))]
             with timed("changelog", f"calls {shapes} (steps, calls)"):
                 results["changelog"] = {
-                    f"steps_{steps}": await changelog(bootstrap, standin, tmp, steps, n, rng)
+                    f"steps_{steps}": await changelog(
+                        bootstrap, standin, tmp, steps, n, rng, settle=1 if args.quick else 6
+                    )
                     for steps, n in shapes
                 }
             show("changelog")
@@ -1134,7 +1142,7 @@ if __name__ == "__main__":
         table.add_column(col)
     for row in res["verdicts"]:
         table.add_row(*row.values())
-    console.print(table)
+    console.print(table, width=max(console.width, 150))
     console.print("durations (s):", res["durations_s"])
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = res["date"].replace(":", "").replace("+0000", "Z")
