@@ -271,7 +271,10 @@ class Standin:
         _kill(self.proc)
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def _kill(proc: subprocess.Popen[bytes], hard: bool = False) -> None:
+    if proc.poll() is None and hard:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -316,8 +319,9 @@ def worker(
             )
         yield procs
     finally:
+        # what was measured is in: a graceful stop (seconds per worker) would only cost time
         for p in procs:
-            _kill(p)
+            _kill(p, hard=True)
 
 
 def wait_fed_back(
@@ -1142,7 +1146,8 @@ if __name__ == "__main__":
         table.add_column(col)
     for row in res["verdicts"]:
         table.add_row(*row.values())
-    console.print(table, width=max(console.width, 150))
+    # wide enough that a row reads on one line also when the output is not a terminal
+    (console if console.is_terminal else Console(width=160)).print(table)
     console.print("durations (s):", res["durations_s"])
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = res["date"].replace(":", "").replace("+0000", "Z")
