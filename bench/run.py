@@ -1,24 +1,35 @@
 """trajstream benchmark: the pipeline against bare Kafka, measured side by side in one run.
 
-    ./dev bench                 # everything, including the 10-minute soak (about 20 minutes)
-    ./dev bench --quick         # a few seconds per scenario, small sizes (a smoke run)
-    ./dev bench --only ceiling,pipeline --calls 5000
+    ./dev bench                 # everything, including the 30-minute soak (about 50 minutes)
+    ./dev bench --quick         # small sizes, no soak: a smoke run (about 3 minutes)
+    ./dev bench --only memory,changelog --open-calls 4000
+    ./dev bench --only soak --soak-seconds 600
 
 It starts its own local Kafka broker (or uses KAFKA_BOOTSTRAP_SERVERS / --bootstrap) and its own
-Trinity stand-in process, and reports, as a table and as JSON (bench/results/latest.json):
+Trinity stand-in process, and reports, as a table and as JSON (bench/results/latest.json), each
+figure as a ratio within the run with its target and whether it is met. ``--only`` names:
 
-1. ceiling    bare aiokafka consume -> produce of the same records, events/s
-   faust      (context) a Faust agent that consumes the same records and does nothing
-2. pipeline   one worker process: select, assemble, reward, feedback over loopback HTTP,
-              windows, commits; events/s (every call selected: the full path for every event)
-3. latency    call end produced -> feedback acknowledged at the stand-in, p50/p99, at half of
-              the pipeline's measured rate
-4. memory     worker RSS per open trajectory (10,000 open calls), and RSS drift over the soak
-5. scaling    two worker processes against one, same broker, same backlog
-6. state      per-event cost with 1,000 versus 100,000 open trajectories
+ceiling    bare aiokafka consume -> produce of the same records, events/s (context)
+faust      a Faust agent that consumes the same records and does nothing, events/s
+pipeline   one worker process: select, assemble, reward, feedback over loopback HTTP,
+           windows, commits; events/s (every call selected: the full path for every event);
+           target: >= 0.7 of the bare Faust agent
+latency    call END produced -> feedback acknowledged at the stand-in, p50/p99, at half of
+           the pipeline's measured rate; target: p99 <= 100 ms
+memory     worker RSS per open call beyond its payload, open calls of 1 and of 10 events that
+           never end (RSS before and after, minus the records' bytes); target: <= 1 KiB each
+changelog  bytes a worker writes to its changelog topics (<app_id>-*-changelog, read back
+           record by record) and to all its topics, per byte of input, for calls of 5 and of
+           100 steps; target: changelog <= 2x each
+scaling    1, 2 and 4 worker processes on one backlog: worker CPU seconds (utime + stime of
+           /proc/<pid>/stat, summed) per 1,000 events while draining it; target: within 10%
+           of each other; and throughput of 2 workers against 1 (context: 2 shared cores)
+state      events/s with 100,000 open calls against 1,000; target: within 10%
+soak       one worker's RSS over --soak-seconds at half load, sampled ~120 times; after the
+           first fifth (warm-up): first/last/peak, drift and slope; target: drift < 2 %
 
-Events are realistic: five per call (start, two LLM steps, one tool step, end), 1-4 KB each.
-Every figure is from this run on this machine; targets are ratios within the run.
+Events are realistic: calls of a start, LLM and tool steps and an end, 1-4 KB each (five events
+per call unless a scenario says otherwise). Every figure is from this run on this machine.
 """
 
 from __future__ import annotations
@@ -43,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from rich.console import Console
 from rich.table import Table
 
@@ -51,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from streams.codec import SchemaRegistry  # noqa: E402
-from streams.devtools.broker import LocalBroker, free_port  # noqa: E402
+from streams.devtools.broker import KAFKA_VERSION, LocalBroker, free_port  # noqa: E402
 from streams.models import (  # noqa: E402
     AgentCall,
     CallPhase,
@@ -67,6 +79,7 @@ console = Console()
 CODEC = SchemaRegistry.default()
 PARTITIONS = 4
 EVENTS_PER_CALL = 5
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- realistic events ------------------------------------------------------------------------
@@ -100,9 +113,10 @@ def _text(rng: random.Random, size: int) -> str:
 
 
 def call_events(
-    rng: random.Random, *, complete: bool = True, call_id: str | None = None
+    rng: random.Random, *, complete: bool = True, call_id: str | None = None, steps: int = 3
 ) -> list[tuple[bytes, bytes]]:
-    """One call's events as (key, value) pairs: start, LLM, tool, LLM, end; 1-4 KB each."""
+    """One call's events as (key, value) pairs: start, ``steps`` steps (LLM, tool, LLM, ...:
+    an LLM step that calls a tool is followed by the tool's step), end; 1-4 KB each."""
     cid = call_id or uuid.uuid4().hex
     now = utcnow()
     agent = rng.choice(["support-bot", "research-agent", "code-helper"])
@@ -115,52 +129,45 @@ def call_events(
         agent_name=agent,
         input_messages=[ChatMessage(role="user", content=_text(rng, rng.randint(900, 2000)))],
     )
-    steps = [
-        Completion(
-            event_id=uuid.uuid4().hex,
-            call_id=cid,
-            seq=0,
-            event_time=now,
-            request_model=model,
-            response_model=model,
-            response_id=f"chatcmpl-{uuid.uuid4().hex}",
-            input_tokens=400,
-            output_tokens=120,
-            output_messages=[
-                ChatMessage(role="assistant", content=_text(rng, rng.randint(900, 3500)))
-            ],
-            tool_calls=["lookup_order"],
-        ),
-        Completion(
-            event_id=uuid.uuid4().hex,
-            call_id=cid,
-            seq=1,
-            event_time=now,
-            kind=StepKind.TOOL,
-            operation_name="execute_tool",
-            tool_name="lookup_order",
-            output_messages=[
-                ChatMessage(
-                    role="tool", content=_text(rng, rng.randint(900, 3000)), name="lookup_order"
+    events: list[Any] = [start]
+    for seq in range(steps):
+        if seq % 2 == 1:
+            events.append(
+                Completion(
+                    event_id=uuid.uuid4().hex,
+                    call_id=cid,
+                    seq=seq,
+                    event_time=now,
+                    kind=StepKind.TOOL,
+                    operation_name="execute_tool",
+                    tool_name="lookup_order",
+                    output_messages=[
+                        ChatMessage(
+                            role="tool",
+                            content=_text(rng, rng.randint(900, 3000)),
+                            name="lookup_order",
+                        )
+                    ],
                 )
-            ],
-        ),
-        Completion(
-            event_id=uuid.uuid4().hex,
-            call_id=cid,
-            seq=2,
-            event_time=now,
-            request_model=model,
-            response_model=model,
-            response_id=f"chatcmpl-{uuid.uuid4().hex}",
-            input_tokens=900,
-            output_tokens=200,
-            output_messages=[
-                ChatMessage(role="assistant", content=_text(rng, rng.randint(900, 3500)))
-            ],
-        ),
-    ]
-    events: list[Any] = [start, *steps]
+            )
+            continue
+        events.append(
+            Completion(
+                event_id=uuid.uuid4().hex,
+                call_id=cid,
+                seq=seq,
+                event_time=now,
+                request_model=model,
+                response_model=model,
+                response_id=f"chatcmpl-{uuid.uuid4().hex}",
+                input_tokens=400 + 500 * seq,
+                output_tokens=120,
+                output_messages=[
+                    ChatMessage(role="assistant", content=_text(rng, rng.randint(900, 3500)))
+                ],
+                tool_calls=["lookup_order"] if seq + 1 < steps else [],
+            )
+        )
     if complete:
         events.append(
             AgentCall(
@@ -171,7 +178,7 @@ def call_events(
                 agent_name=agent,
                 status=CallStatus.OK,
                 output=_text(rng, 1000),
-                step_count=3,
+                step_count=steps,
             )
         )
     key = cid.encode()
@@ -209,6 +216,28 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # after the command's closing parenthesis: state is field 3, utime 14, stime 15 (1-based)
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine(kafka_version: str) -> dict[str, Any]:
+    mem_kib = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kib = int(line.split()[1])
+    return {
+        "arch": platform.machine(),
+        "cores": os.cpu_count(),
+        "ram_gib": round(mem_kib / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "kafka": kafka_version,
+        "kernel": platform.release(),
+    }
+
+
 class Standin:
     def __init__(self) -> None:
         self.port = free_port()
@@ -242,7 +271,10 @@ class Standin:
         _kill(self.proc)
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def _kill(proc: subprocess.Popen[bytes], hard: bool = False) -> None:
+    if proc.poll() is None and hard:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -287,8 +319,9 @@ def worker(
             )
         yield procs
     finally:
+        # what was measured is in: a graceful stop (seconds per worker) would only cost time
         for p in procs:
-            _kill(p)
+            _kill(p, hard=True)
 
 
 def wait_fed_back(
@@ -477,6 +510,86 @@ async def latency(
     }
 
 
+async def wait_consumed(bootstrap: str, group: str, topic: str, timeout: float = 900) -> None:
+    """Until the consumer group ``group`` (a worker's app id) has committed every partition of
+    ``topic`` up to its end: the worker has processed all there is, whatever it stores."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await admin.start()
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+            # a partition with nothing in it has no committed offset (-1, or none at all)
+            done = [
+                ends[tp] == 0 or (tp in committed and committed[tp].offset >= ends[tp])
+                for tp in tps
+            ]
+            if all(done):
+                return
+            await asyncio.sleep(0.5)
+        raise TimeoutError(f"group {group} did not consume {topic} to its end")
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def topic_bytes(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
+    """Records and bytes (key + value lengths of every record, as stored) of each topic, read
+    from its beginning to its end offsets."""
+    out: dict[str, dict[str, int]] = {}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    partitions = {d["topic"]: sorted(x["partition"] for x in d["partitions"]) for d in described}
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    await consumer.start()
+    try:
+        for topic in topics:
+            tps = [TopicPartition(topic, p) for p in partitions.get(topic, [])]
+            ends = await consumer.end_offsets(tps) if tps else {}
+            todo = [tp for tp in tps if ends[tp] > 0]
+            records = size = 0
+            if todo:
+                consumer.assign(todo)
+                await consumer.seek_to_beginning(*todo)
+                while todo:
+                    batch = await consumer.getmany(*todo, timeout_ms=1000, max_records=5000)
+                    for msgs in batch.values():
+                        for m in msgs:
+                            records += 1
+                            size += len(m.key or b"") + len(m.value or b"")
+                    todo = [tp for tp in todo if await consumer.position(tp) < ends[tp]]
+            out[topic] = {"records": records, "bytes": size}
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def app_topics(bootstrap: str, prefix: str) -> list[str]:
+    """The topics of one deployment: ``<prefix>.*`` (the pipeline's) and ``<prefix>-*`` (its
+    app's own: ``<app_id>-<table>-changelog``, faust's assignor topic, repartitions)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        names = await consumer.topics()
+    finally:
+        await consumer.stop()
+    return sorted(t for t in names if t.startswith((f"{prefix}.", f"{prefix}-")))
+
+
 async def open_state(
     bootstrap: str,
     standin: Standin,
@@ -486,11 +599,13 @@ async def open_state(
     rng: random.Random,
     open_events: int = 4,
 ) -> dict[str, Any]:
-    """Memory and per-event cost with ``open_calls`` trajectories open in the worker, each
-    holding its first ``open_events`` events (start and steps, no end)."""
+    """Per-event cost with ``open_calls`` trajectories open in the worker, each holding its
+    first ``open_events`` events (start and steps, no end)."""
     prefix, topics = await fresh_run(bootstrap, standin, "bo")
     partial = [
-        r for _ in range(open_calls) for r in call_events(rng, complete=False)[:open_events]
+        r
+        for _ in range(open_calls)
+        for r in call_events(rng, complete=False, steps=max(0, open_events - 1))[:open_events]
     ]
     payload = sum(len(v) for _, v in partial)
     with worker(bootstrap, prefix, standin, tmp) as procs:
@@ -500,7 +615,7 @@ async def open_state(
         await asyncio.sleep(2)
         before = rss_kib(pid)
         await produce(bootstrap, topics.agent_events, partial)
-        await _wait_changelog(bootstrap, f"{prefix}-pending-changelog", len(partial))
+        await wait_consumed(bootstrap, prefix, topics.agent_events)
         await asyncio.sleep(2)
         after = rss_kib(pid)
         standin.reset()
@@ -525,26 +640,147 @@ async def open_state(
     }
 
 
-async def _wait_changelog(bootstrap: str, topic: str, at_least: int, timeout: float = 900) -> None:
-    """Until the worker has written ``at_least`` changelog records (it consumed that much)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            parts = consumer.partitions_for_topic(topic)
-            if parts:
-                from aiokafka import TopicPartition
+async def memory(
+    bootstrap: str, standin: Standin, tmp: Path, shapes: list[tuple[int, int]], rng: random.Random
+) -> dict[str, Any]:
+    """RSS per open call beyond its payload, for each (events per call, open calls) in
+    ``shapes``: open calls that never end (no END, abandonment an hour away) are produced one
+    shape after the other into one worker; the worker's RSS is read once it has consumed each
+    shape (its group committed the input's end), and the payload (the records' bytes) is
+    subtracted from the growth."""
+    prefix, topics = await fresh_run(bootstrap, standin, "bm")
+    out: dict[str, Any] = {}
+    with worker(bootstrap, prefix, standin, tmp) as procs:
+        pid = procs[0].pid
+        # warm-up: one full call, so that imports, connections and buffers are in place
+        await produce(bootstrap, topics.agent_events, call_events(rng))
+        await asyncio.to_thread(wait_fed_back, standin, 1, 120, procs)
+        await wait_consumed(bootstrap, prefix, topics.agent_events)
+        await asyncio.sleep(2)
+        before = rss_kib(pid)
+        for events, n in shapes:
+            partial = [
+                r
+                for _ in range(n)
+                for r in call_events(rng, complete=False, steps=events - 1)[:events]
+            ]
+            payload = sum(len(k) + len(v) for k, v in partial)
+            t0 = time.monotonic()
+            await produce(bootstrap, topics.agent_events, partial)
+            await wait_consumed(bootstrap, prefix, topics.agent_events)
+            seconds = time.monotonic() - t0
+            await asyncio.sleep(2)
+            after = rss_kib(pid)
+            per_open = (after - before) * 1024 / n
+            out[f"events_{events}"] = {
+                "events_per_call": events,
+                "open_calls": n,
+                "rss_before_kib": before,
+                "rss_after_kib": after,
+                "payload_bytes_per_open": round(payload / n),
+                "rss_bytes_per_open": round(per_open),
+                "rss_overhead_bytes_per_open": round(per_open - payload / n),
+                "seconds_to_consume": round(seconds, 1),
+            }
+            before = after
+    return out
 
-                ends = await consumer.end_offsets([TopicPartition(topic, p) for p in parts])
-                if sum(ends.values()) >= at_least:
-                    return
-            else:
-                await consumer.topics()
-            await asyncio.sleep(0.5)
-        raise TimeoutError(f"{topic} did not reach {at_least} records")
-    finally:
-        await consumer.stop()
+
+async def changelog(
+    bootstrap: str,
+    standin: Standin,
+    tmp: Path,
+    steps: int,
+    calls: int,
+    rng: random.Random,
+    settle: float = 6,
+) -> dict[str, Any]:
+    """Bytes a worker writes per byte of input for ``calls`` calls of ``steps`` steps: the
+    calls are produced (complete, every one selected), one worker processes them (every call
+    fed back, the input consumed to its end, a commit interval passed), it is stopped, and the
+    records of its topics are read back: its changelog topics (``<app_id>-*-changelog``) and
+    every topic it produced to (all of the deployment's but the input)."""
+    prefix, topics = await fresh_run(bootstrap, standin, "bc")
+    records = [r for _ in range(calls) for r in call_events(rng, steps=steps)]
+    input_bytes = sum(len(k) + len(v) for k, v in records)
+    with worker(bootstrap, prefix, standin, tmp) as procs:
+        t0 = time.monotonic()
+        await produce(bootstrap, topics.agent_events, records)
+        await asyncio.to_thread(wait_fed_back, standin, calls, 1800, procs)
+        await wait_consumed(bootstrap, prefix, topics.agent_events)
+        seconds = time.monotonic() - t0
+        await asyncio.sleep(settle)  # a commit interval: what the ledger writes for them
+    produced = [t for t in await app_topics(bootstrap, prefix) if t != topics.agent_events]
+    sizes = await topic_bytes(bootstrap, produced)
+    changelogs = {t: v for t, v in sizes.items() if t.endswith("-changelog")}
+    cl_bytes = sum(v["bytes"] for v in changelogs.values())
+    all_bytes = sum(v["bytes"] for v in sizes.values())
+    return {
+        "steps": steps,
+        "calls": calls,
+        "events": len(records),
+        "input_bytes": input_bytes,
+        "changelog_bytes": cl_bytes,
+        "changelog_records": sum(v["records"] for v in changelogs.values()),
+        "produced_bytes": all_bytes,
+        "produced_records": sum(v["records"] for v in sizes.values()),
+        "changelog_per_input_byte": round(cl_bytes / input_bytes, 3),
+        "produced_per_input_byte": round(all_bytes / input_bytes, 3),
+        "seconds_to_process": round(seconds, 1),
+        "topics": {t.removeprefix(prefix): v for t, v in sizes.items() if v["records"]},
+    }
+
+
+async def scale_cost(
+    bootstrap: str, standin: Standin, tmp: Path, calls: int, rng: random.Random, workers: int
+) -> dict[str, Any]:
+    """``workers`` worker processes on one backlog of ``calls`` calls: worker CPU seconds
+    (utime + stime from /proc/<pid>/stat, summed over the workers) per 1,000 events while they
+    drain it, and events/s. The workers start on an empty input and are warmed up first (a
+    few calls per partition, all fed back) so that imports and group joins are not counted."""
+    prefix, topics = await fresh_run(bootstrap, standin, "bw")
+    backlog = [r for _ in range(calls) for r in call_events(rng)]
+    warm = 6 * PARTITIONS  # by key: every partition gets some (all but surely)
+    with worker(bootstrap, prefix, standin, tmp, n=workers) as procs:
+        await produce(
+            bootstrap, topics.agent_events, [r for _ in range(warm) for r in call_events(rng)]
+        )
+        await asyncio.to_thread(wait_fed_back, standin, warm, 300, procs)
+        await wait_consumed(bootstrap, prefix, topics.agent_events)
+        await asyncio.sleep(3)
+        cpu0 = [cpu_seconds(p.pid) for p in procs]
+        t0 = time.monotonic()
+        await produce(bootstrap, topics.agent_events, backlog)
+        produced_s = time.monotonic() - t0
+        _, last, _ = await asyncio.to_thread(wait_fed_back, standin, warm + calls, 1800, procs)
+        cpu1 = [cpu_seconds(p.pid) for p in procs]
+        rss = [rss_kib(p.pid) for p in procs]
+    events = calls * EVENTS_PER_CALL
+    seconds = last - t0
+    cpu = [round(b - a, 2) for a, b in zip(cpu0, cpu1, strict=True)]
+    return {
+        "workers": workers,
+        "calls": calls,
+        "events": events,
+        "seconds_to_drain": round(seconds, 2),
+        "seconds_to_produce": round(produced_s, 2),
+        "events_per_s": round(events / seconds, 1) if seconds > 0 else None,
+        "cpu_s_per_worker": cpu,
+        "cpu_s_per_1000_events": round(1000 * sum(cpu) / events, 3),
+        "rss_kib": rss,
+    }
+
+
+def _slope(samples: list[tuple[float, int]]) -> float:
+    """Least-squares slope of RSS (KiB) over time (s), in KiB per hour."""
+    if len(samples) < 2:
+        return 0.0
+    xs, ys = [s[0] for s in samples], [s[1] for s in samples]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if var == 0:
+        return 0.0
+    return 3600 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
 
 
 async def soak(
@@ -555,7 +791,9 @@ async def soak(
     seconds: float,
     rng: random.Random,
 ) -> dict[str, Any]:
-    """RSS of one worker over a long run at a steady rate: flat, not growing."""
+    """RSS of one worker over a long run at a steady rate: flat, not growing. RSS is sampled
+    about 120 times; the first fifth of the run is warm-up (imports, buffers, the late-event
+    retention of 60 s filling up) and is left out of first/last/peak/drift/slope."""
     prefix, topics = await fresh_run(bootstrap, standin, "bs")
     calls_per_s = max(0.5, rate_events / EVENTS_PER_CALL)
     samples: list[tuple[float, int]] = []
@@ -577,168 +815,299 @@ async def soak(
                 n += 1
                 if time.monotonic() >= next_sample:
                     samples.append((round(time.monotonic() - t0, 1), rss_kib(pid)))
-                    next_sample += max(1.0, seconds / 60)
+                    next_sample += max(1.0, seconds / 120)
                 await asyncio.sleep(max(0.0, t0 + n / calls_per_s - time.monotonic()))
+            samples.append((round(time.monotonic() - t0, 1), rss_kib(pid)))
         finally:
             await producer.stop()
-    # the first fifth is warm-up (imports, buffers, the late-event retention filling up)
-    steady = [s for s in samples if s[0] >= seconds / 5]
+        fed_back = standin.counts()["feedback_ok"]
+    steady = [s for s in samples if s[0] >= seconds / 5] or samples[-1:]
     first, last = steady[0][1], steady[-1][1]
     peak = max(s[1] for s in steady)
+    slope = _slope(steady)
     return {
         "seconds": seconds,
+        "warmup_seconds": round(seconds / 5, 1),
+        "events_per_s_offered": round(rate_events, 1),
         "calls": n,
+        "calls_fed_back": fed_back,
         "rss_first_kib": first,
         "rss_last_kib": last,
         "rss_peak_kib": peak,
         "drift_pct": round(100 * (last - first) / first, 2),
+        "slope_kib_per_hour": round(slope, 1),
+        "slope_pct_per_hour": round(100 * slope / first, 2),
         "samples": samples,
     }
 
 
 # -- the run ---------------------------------------------------------------------------------
 
+SCENARIOS = (
+    "ceiling",
+    "faust",
+    "pipeline",
+    "latency",
+    "memory",
+    "changelog",
+    "scaling",
+    "state",
+    "soak",
+)
+
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(1)
-    only = (
-        set(args.only.split(","))
-        if args.only
-        else {"ceiling", "faust", "pipeline", "latency", "memory", "scaling", "state", "soak"}
-    )
-    if args.quick:
-        only.discard("soak")
-    results: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": (
-            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-        ),
-        "partitions": PARTITIONS,
-    }
+    only = set(args.only.split(",")) if args.only else set(SCENARIOS)
+    unknown = only - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"--only: unknown scenario(s) {sorted(unknown)}; known: {SCENARIOS}")
+    if args.quick and not args.only:
+        only.discard("soak")  # named in --only, it runs (for --soak-seconds)
     tmp = Path(tempfile.mkdtemp(prefix="trajstream-bench-"))
     broker: LocalBroker | None = None
     bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    kafka = f"{KAFKA_VERSION} (the project's launcher)"
+    if bootstrap:
+        kafka = f"external broker (version not read; the launcher's is {KAFKA_VERSION})"
+    results: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(kafka),
+        "quick": bool(args.quick),
+        "partitions": PARTITIONS,
+        "scenarios": [s for s in SCENARIOS if s in only],
+        "durations_s": {},
+    }
     if not bootstrap:
         broker = LocalBroker(
             Path(os.environ.get("TRAJSTREAM_CACHE_DIR", ROOT / ".cache" / "trajstream")), heap="1g"
         )
         bootstrap = broker.start(120)
     standin = Standin()
+    durations: dict[str, float] = results["durations_s"]
+
+    @contextmanager
+    def timed(name: str, what: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        with console.status(f"{name}: {what}"):
+            yield
+        durations[name] = round(time.monotonic() - t0, 1)
+
+    def show(name: str, key: str | None = None) -> None:
+        value = results[key or name]
+        if isinstance(value, dict) and "samples" in value:
+            value = {k: v for k, v in value.items() if k != "samples"}
+        console.print(f"{name} ({durations[name]:g}s)", value)
+
     try:
         if "ceiling" in only:
-            with console.status("ceiling: bare aiokafka consume -> produce"):
+            with timed("ceiling", "bare aiokafka consume -> produce"):
                 results["ceiling"] = await ceiling(bootstrap, args.calls, rng)
-            console.print("ceiling", results["ceiling"])
+            show("ceiling")
         if "faust" in only:
-            with console.status("faust: a bare Faust agent consuming the same records"):
+            with timed("faust", "a bare Faust agent consuming the same records"):
                 results["faust_bare"] = await faust_bare(bootstrap, args.calls, rng)
-            console.print("faust_bare", results["faust_bare"])
+            show("faust", "faust_bare")
         if "pipeline" in only:
-            with console.status("pipeline: one worker"):
+            with timed("pipeline", "one worker"):
                 results["pipeline"] = await pipeline(bootstrap, standin, tmp, args.calls, rng)
-            console.print("pipeline", results["pipeline"])
+            show("pipeline")
+        half = (results.get("pipeline", {}).get("events_per_s") or 500) / 2
         if "latency" in only:
-            rate = (results.get("pipeline", {}).get("events_per_s") or 500) / 2
-            with console.status(f"latency at {rate:.0f} events/s"):
+            with timed("latency", f"at {half:.0f} events/s"):
                 results["latency"] = await latency(
-                    bootstrap, standin, tmp, rate, args.latency_seconds, rng
+                    bootstrap, standin, tmp, half, args.latency_seconds, rng
                 )
-            console.print("latency", results["latency"])
+            show("latency")
         if "memory" in only:
-            with console.status(f"memory: {args.open_calls} open trajectories"):
-                results["memory"] = await open_state(
-                    bootstrap, standin, tmp, args.open_calls, max(200, args.calls // 10), rng
-                )
-            console.print("memory", results["memory"])
+            shapes = [(1, args.open_calls), (10, max(50, args.open_calls // 4))]
+            with timed("memory", f"open calls {shapes} (events per call, calls)"):
+                results["memory"] = await memory(bootstrap, standin, tmp, shapes, rng)
+            show("memory")
+        if "changelog" in only:
+            shapes = [(5, args.changelog_calls), (100, max(2, args.changelog_calls // 50))]
+            with timed("changelog", f"calls {shapes} (steps, calls)"):
+                results["changelog"] = {
+                    f"steps_{steps}": await changelog(
+                        bootstrap, standin, tmp, steps, n, rng, settle=1 if args.quick else 6
+                    )
+                    for steps, n in shapes
+                }
+            show("changelog")
         if "scaling" in only:
-            with console.status("scaling: two workers"):
-                results["scaling"] = await pipeline(
-                    bootstrap, standin, tmp, args.calls, rng, workers=2
-                )
-            console.print("scaling", results["scaling"])
+            with timed("scaling", "1, 2 and 4 workers on one backlog"):
+                results["scaling"] = {
+                    f"workers_{n}": await scale_cost(bootstrap, standin, tmp, args.calls, rng, n)
+                    for n in (1, 2, 4)
+                }
+            show("scaling")
         if "state" in only:
             small, large = (100, 2000) if args.quick else (1000, 100_000)
-            with console.status(f"state: {small} vs {large} open trajectories"):
+            with timed("state", f"{small} vs {large} open trajectories"):
                 # open calls of one event (their start) keep the prefill short
                 n = max(1000, args.calls // 4)
                 a = await open_state(bootstrap, standin, tmp, small, n, rng, open_events=1)
                 b = await open_state(bootstrap, standin, tmp, large, n, rng, open_events=1)
             results["state"] = {"small": a, "large": b}
-            console.print("state", results["state"])
+            show("state")
         if "soak" in only:
-            rate = (results.get("pipeline", {}).get("events_per_s") or 500) / 2
-            with console.status(f"soak: {args.soak_seconds:g}s at {rate:.0f} events/s"):
-                results["soak"] = await soak(bootstrap, standin, tmp, rate, args.soak_seconds, rng)
-            console.print("soak", {k: v for k, v in results["soak"].items() if k != "samples"})
+            with timed("soak", f"{args.soak_seconds:g}s at {half:.0f} events/s"):
+                results["soak"] = await soak(bootstrap, standin, tmp, half, args.soak_seconds, rng)
+            show("soak")
     finally:
         standin.stop()
         if broker is not None:
             broker.stop()
+    results["verdicts"] = [
+        dict(zip(("measure", "figures", "result", "target", "met"), row, strict=True))
+        for row in verdicts(results)
+    ]
     return results
 
 
-def verdicts(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    rows = []
+Row = tuple[str, str, str, str, str]
+
+
+def _met(ok: bool | None) -> str:
+    return "context" if ok is None else ("met" if ok else "NOT met")
+
+
+def verdicts(r: dict[str, Any]) -> list[Row]:
+    """One row per figure: measure, the figures it is made of, the result (a ratio within
+    this run), the target, and whether it is met."""
+    rows: list[Row] = []
     c, p = r.get("ceiling", {}).get("events_per_s"), r.get("pipeline", {}).get("events_per_s")
-    if c and p:
-        rows.append(("pipeline / ceiling", f"{p:,.0f} / {c:,.0f} ev/s", f"{p / c:.3f}", ">= 0.5"))
     f = r.get("faust_bare", {}).get("events_per_s")
-    if c and f:
-        rows.append(
-            ("bare Faust agent / ceiling", f"{f:,.0f} / {c:,.0f} ev/s", f"{f / c:.3f}", "(context)")
-        )
     if f and p:
         rows.append(
             (
                 "pipeline / bare Faust agent",
                 f"{p:,.0f} / {f:,.0f} ev/s",
                 f"{p / f:.3f}",
-                "(context)",
+                ">= 0.7",
+                _met(p / f >= 0.7),
+            )
+        )
+    if c and p:
+        rows.append(
+            (
+                "pipeline / aiokafka ceiling",
+                f"{p:,.0f} / {c:,.0f} ev/s",
+                f"{p / c:.3f}",
+                "",
+                _met(None),
+            )
+        )
+    if c and f:
+        rows.append(
+            (
+                "bare Faust agent / ceiling",
+                f"{f:,.0f} / {c:,.0f} ev/s",
+                f"{f / c:.3f}",
+                "",
+                _met(None),
             )
         )
     if "latency" in r:
+        lt = r["latency"]
         rows.append(
             (
-                "p99 latency at half load",
-                f"p50 {r['latency']['p50_ms']} ms",
-                f"{r['latency']['p99_ms']} ms",
-                "<= 250 ms",
+                "END -> feedback acked, p99 at half load",
+                f"p50 {lt['p50_ms']} ms at {lt['events_per_s_offered']:,.0f} ev/s",
+                f"{lt['p99_ms']} ms",
+                "<= 100 ms",
+                _met(lt["p99_ms"] <= 100),
             )
         )
-    if "memory" in r:
-        m = r["memory"]
+    for m in r.get("memory", {}).values():
+        over = m["rss_overhead_bytes_per_open"]
         rows.append(
             (
-                "RSS per open trajectory beyond payload",
-                f"{m['rss_bytes_per_open']:,} B total",
-                f"{m['rss_overhead_bytes_per_open'] / 1024:.2f} KiB",
-                "<= 2 KiB",
+                f"RSS per open call of {m['events_per_call']} event(s) beyond payload",
+                f"{m['rss_bytes_per_open']:,} B - {m['payload_bytes_per_open']:,} B payload"
+                f" ({m['open_calls']:,} calls)",
+                f"{over / 1024:.2f} KiB",
+                "<= 1 KiB",
+                _met(over <= 1024),
+            )
+        )
+    for ch in r.get("changelog", {}).values():
+        rows.append(
+            (
+                f"changelog bytes per input byte, {ch['steps']}-step calls",
+                f"{ch['changelog_bytes']:,} / {ch['input_bytes']:,} B ({ch['calls']} calls)",
+                f"{ch['changelog_per_input_byte']:.2f}x",
+                "<= 2x",
+                _met(ch["changelog_per_input_byte"] <= 2),
+            )
+        )
+        rows.append(
+            (
+                f"all bytes produced per input byte, {ch['steps']}-step calls",
+                f"{ch['produced_bytes']:,} B in {ch['produced_records']:,} records",
+                f"{ch['produced_per_input_byte']:.2f}x",
+                "",
+                _met(None),
             )
         )
     if "soak" in r:
+        sk = r["soak"]
         rows.append(
             (
-                "RSS drift over the soak",
-                f"{r['soak']['rss_first_kib']:,} -> {r['soak']['rss_last_kib']:,} KiB",
-                f"{r['soak']['drift_pct']} %",
-                "< 5 %",
+                f"RSS drift over {sk['seconds']:g}s at half load after warm-up",
+                f"{sk['rss_first_kib']:,} -> {sk['rss_last_kib']:,} KiB (peak "
+                f"{sk['rss_peak_kib']:,}; slope {sk['slope_pct_per_hour']} %/h)",
+                f"{sk['drift_pct']} %",
+                "< 2 %",
+                _met(abs(sk["drift_pct"]) < 2),
             )
         )
-    s, p1 = r.get("scaling", {}).get("events_per_s"), p
-    if s and p1:
-        rows.append(("two workers / one", f"{s:,.0f} / {p1:,.0f} ev/s", f"{s / p1:.2f}", ">= 1.5"))
     if "state" in r:
         a, b = r["state"]["small"]["events_per_s"], r["state"]["large"]["events_per_s"]
+        if a and b:
+            rows.append(
+                (
+                    f"events/s, {r['state']['large']['open_trajectories']:,} vs "
+                    f"{r['state']['small']['open_trajectories']:,} open calls",
+                    f"{b:,.0f} vs {a:,.0f} ev/s",
+                    f"{b / a:.2f}",
+                    "0.9 - 1.1",
+                    _met(abs(b / a - 1) <= 0.1),
+                )
+            )
+    sc = r.get("scaling", {})
+    if sc:
+        costs = {v["workers"]: v["cpu_s_per_1000_events"] for v in sc.values()}
+        spread = max(costs.values()) / min(costs.values()) if min(costs.values()) > 0 else 0
         rows.append(
             (
-                f"per-event cost, {r['state']['large']['open_trajectories']:,} vs "
-                f"{r['state']['small']['open_trajectories']:,} open",
-                f"{b:,.0f} vs {a:,.0f} ev/s",
-                f"{(a / b if b else float('nan')):.2f}x cost",
-                "~1.0x (flat)",
+                "worker CPU s per 1,000 events, 1/2/4 workers",
+                " / ".join(f"{costs[n]:.2f}" for n in sorted(costs)) + " s",
+                f"max/min {spread:.2f}",
+                "<= 1.10",
+                _met(spread <= 1.10),
             )
         )
+        one, two = sc.get("workers_1", {}), sc.get("workers_2", {})
+        e1, e2 = one.get("events_per_s"), two.get("events_per_s")
+        if e1 and e2:
+            rows.append(
+                (
+                    "throughput, two workers / one (2 shared cores)",
+                    f"{e2:,.0f} / {e1:,.0f} ev/s",
+                    f"{e2 / e1:.2f}",
+                    "",
+                    _met(None),
+                )
+            )
     return rows
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    return (
+        f"{m['cores']} cores, {m['ram_gib']} GiB, {m['arch']}, Python {m['python']}, "
+        f"Kafka {m['kafka']}"
+    )
 
 
 if __name__ == "__main__":
@@ -746,28 +1115,40 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, no soak: a smoke run")
-    parser.add_argument(
-        "--only", help="comma-separated: ceiling,faust,pipeline,latency,memory,scaling,state,soak"
-    )
+    parser.add_argument("--only", help="comma-separated: " + ",".join(SCENARIOS))
     parser.add_argument(
         "--calls", type=int, default=None, help="calls per throughput run (5 events each)"
     )
-    parser.add_argument("--open-calls", type=int, default=None)
+    parser.add_argument(
+        "--open-calls",
+        type=int,
+        default=None,
+        help="memory: open calls of 1 event (of 10 events: a quarter of it)",
+    )
+    parser.add_argument(
+        "--changelog-calls",
+        type=int,
+        default=None,
+        help="changelog: calls of 5 steps (of 100 steps: a fiftieth of it, at least 2)",
+    )
     parser.add_argument("--latency-seconds", type=float, default=None)
-    parser.add_argument("--soak-seconds", type=float, default=600)
+    parser.add_argument("--soak-seconds", type=float, default=1800)
     parser.add_argument("--bootstrap", help="use this Kafka instead of starting one")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     a = parser.parse_args()
     a.calls = a.calls or (200 if a.quick else 4000)
-    a.open_calls = a.open_calls or (1000 if a.quick else 10_000)
+    a.open_calls = a.open_calls or (400 if a.quick else 10_000)
+    a.changelog_calls = a.changelog_calls or (40 if a.quick else 500)
     a.latency_seconds = a.latency_seconds or (5 if a.quick else 30)
     res = asyncio.run(main(a))
-    table = Table(title=f"trajstream benchmark, {res['date']}, {res['machine']}")
-    for col in ("measure", "figures", "result", "target"):
+    table = Table(title=f"trajstream benchmark, {res['date']}, {machine_line(res['machine'])}")
+    for col in ("measure", "figures", "result", "target", "met"):
         table.add_column(col)
-    for row in verdicts(res):
-        table.add_row(*row)
-    console.print(table)
+    for row in res["verdicts"]:
+        table.add_row(*row.values())
+    # wide enough that a row reads on one line also when the output is not a terminal
+    (console if console.is_terminal else Console(width=160)).print(table)
+    console.print("durations (s):", res["durations_s"])
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = res["date"].replace(":", "").replace("+0000", "Z")
     for name in (f"{stamp}.json", "latest.json"):
