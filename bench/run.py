@@ -935,10 +935,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 }
             show("changelog")
         if "scaling" in only:
-            with timed("scaling", "1, 2 and 4 workers on one backlog"):
+            counts = args.scale_workers
+            with timed("scaling", f"{'/'.join(map(str, counts))} workers on one backlog"):
                 results["scaling"] = {
                     f"workers_{n}": await scale_cost(bootstrap, standin, tmp, args.calls, rng, n)
-                    for n in (1, 2, 4)
+                    for n in counts
                 }
             show("scaling")
         if "state" in only:
@@ -1081,7 +1082,7 @@ def verdicts(r: dict[str, Any]) -> list[Row]:
         spread = max(costs.values()) / min(costs.values()) if min(costs.values()) > 0 else 0
         rows.append(
             (
-                "worker CPU s per 1,000 events, 1/2/4 workers",
+                f"worker CPU s per 1,000 events, {'/'.join(map(str, sorted(costs)))} workers",
                 " / ".join(f"{costs[n]:.2f}" for n in sorted(costs)) + " s",
                 f"max/min {spread:.2f}",
                 "<= 1.10",
@@ -1130,6 +1131,12 @@ if __name__ == "__main__":
         type=int,
         default=None,
         help="changelog: calls of 5 steps (of 100 steps: a fiftieth of it, at least 2)",
+    )
+    parser.add_argument(
+        "--scale-workers",
+        type=lambda v: sorted({int(n) for n in v.split(",")}),
+        default=[1, 2, 4],
+        help="scaling: the worker counts to compare (default 1,2,4)",
     )
     parser.add_argument("--latency-seconds", type=float, default=None)
     parser.add_argument("--soak-seconds", type=float, default=1800)

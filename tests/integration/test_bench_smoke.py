@@ -87,6 +87,8 @@ def test_the_benchmark_runs_and_writes_its_results(kafka_bootstrap: str, tmp_pat
             "20",
             "--soak-seconds",
             "3",
+            "--scale-workers",
+            "1,2",
             "--bootstrap",
             kafka_bootstrap,
             "--out",
@@ -127,8 +129,9 @@ def test_the_benchmark_runs_and_writes_its_results(kafka_bootstrap: str, tmp_pat
         # the worker wrote changelog records (whatever its tables are called) and more
         assert any(t.endswith("-changelog") for t in shape["topics"])
         assert 0 < shape["changelog_bytes"] <= shape["produced_bytes"]
-    assert set(latest["scaling"]) == {"workers_1", "workers_2", "workers_4"}
-    for name, n in (("workers_1", 1), ("workers_2", 2), ("workers_4", 4)):
+    # two counts keep the smoke run short; the benchmark compares 1, 2 and 4
+    assert set(latest["scaling"]) == {"workers_1", "workers_2"}
+    for name, n in (("workers_1", 1), ("workers_2", 2)):
         run = latest["scaling"][name]
         assert SCENARIO_KEYS["scaling"] <= run.keys()
         assert len(run["cpu_s_per_worker"]) == n
@@ -144,7 +147,7 @@ def test_the_benchmark_runs_and_writes_its_results(kafka_bootstrap: str, tmp_pat
         "changelog bytes per input byte, 5-step calls",
         "changelog bytes per input byte, 100-step calls",
         "all bytes produced per input byte, 5-step calls",
-        "worker CPU s per 1,000 events, 1/2/4 workers",
+        "worker CPU s per 1,000 events, 1/2 workers",
         "throughput, two workers / one (2 shared cores)",
     ]
     for measure in expected_rows:
