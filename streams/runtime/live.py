@@ -54,6 +54,7 @@ from ..core.effects import Out, Reject, Source, dead_letter
 from ..core.feedback import FeedbackRequest, feedback_requests
 from ..core.ledger import CommitPlan, due_commit, is_held
 from ..core.ledger_stage import LedgerStage
+from ..core.pending import is_head_key
 from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
@@ -255,7 +256,10 @@ class Pipeline:
         # outside a stream (Faust otherwise takes the partition from the current event, and
         # its use_partitioner option needs producer metadata it may not have yet).
         self.ledger.partition_for_key = lambda key: 0  # type: ignore[method-assign]
-        self.metrics.watch_open_calls(lambda: len(self.pending))
+        # one entry per event of an open call, the first under the call's own key
+        self.metrics.watch_open_calls(
+            lambda: sum(1 for key in list(self.pending.keys()) if is_head_key(key))
+        )
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
         @app.agent(
