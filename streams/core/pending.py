@@ -82,8 +82,8 @@ class OpenCalls:
         store: Store,
         codec: SchemaRegistry,
         *,
-        cache_calls: int = 4096,
-        cache_bytes: int = 16 << 20,
+        cache_calls: int = 1024,
+        cache_bytes: int = 4 << 20,
     ) -> None:
         self.store = store
         self.codec = codec
