@@ -132,6 +132,16 @@ class Assembler:
             out.stats["events.late"] += 1
             out.reject(self._late(src, self.codec.decode_as(closed, ClosedCall)))
             return
+        try:
+            self._apply(key, src, record, now, out)
+        except BaseException:
+            # the cached progress may count an event the store never got: the store decides
+            self.open.discard(key)
+            raise
+
+    def _apply(
+        self, key: bytes, src: Source, record: AgentCall | Completion, now: datetime, out: Out
+    ) -> None:
         call = self.open.get(key)
         if call is not None:
             progress = call.progress

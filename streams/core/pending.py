@@ -176,7 +176,7 @@ class OpenCalls:
         try:
             self.store.set(entry_key(key, index), buf.getvalue())
         except BaseException:
-            self._forget(key)
+            self.discard(key)
             raise
         if call is None:
             call = OpenCall(progress, entries=1, events=[event])
@@ -199,7 +199,7 @@ class OpenCalls:
         entries = call.entries if call is not None else 1
         for index in range(entries):
             self.store.delete(entry_key(key, index))
-        self._forget(key)
+        self.discard(key)
 
     def call_ids(self) -> list[str]:
         return [self.head(raw)[0] for key, raw in self.store.items() if is_head_key(key)]
@@ -212,7 +212,8 @@ class OpenCalls:
         self._cached_bytes += call.size
         self._trim()
 
-    def _forget(self, key: bytes) -> None:
+    def discard(self, key: bytes) -> None:
+        """Drop the call under ``key`` from the cache (the store is read again)."""
         cached = self._cache.pop(key, None)
         if cached is not None:
             self._cached_bytes -= cached.size

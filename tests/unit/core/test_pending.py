@@ -150,3 +150,27 @@ def test_a_call_stored_as_older_versions_did_is_read_and_completed() -> None:
     assert [s.seq for s in trajectory.steps] == [0, 1]
     assert trajectory.closed_reason == "ended"
     assert len(core.pending) == 0
+
+
+def test_an_event_whose_step_failed_is_applied_when_redelivered() -> None:
+    """A step that raises (here the strategy, a plugin) leaves the store as it was, and the
+    cache too: the redelivered event is applied, not taken for a duplicate."""
+    core = Core()
+    failures = [RuntimeError("plugin failed")]
+
+    class Flaky:
+        def __init__(self, strategy: Any) -> None:
+            self.strategy = strategy
+
+        def decide(self, view: Any) -> Any:
+            if failures:
+                raise failures.pop()
+            return self.strategy.decide(view)
+
+    core.assembler.strategy = Flaky(core.assembler.strategy)
+    core.event(start(), at(0))
+    with pytest.raises(RuntimeError):
+        core.event(end(step_count=0), at(1))
+    core.event(end(step_count=0), at(2))  # redelivered
+    assert [d.closed_reason for d in core.topic("decisions")] == ["ended"]
+    assert len(core.pending) == 0
