@@ -82,8 +82,11 @@ class OpenCalls:
         store: Store,
         codec: SchemaRegistry,
         *,
+        # a fixed bound, not per open call: the decoded events of 2 MiB of wire bytes take
+        # about 8 MiB of heap; a worker whose open calls interleave more than this misses and
+        # decodes at close (what it did before the cache)
         cache_calls: int = 1024,
-        cache_bytes: int = 4 << 20,
+        cache_bytes: int = 2 << 20,
     ) -> None:
         self.store = store
         self.codec = codec
