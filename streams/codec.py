@@ -88,6 +88,7 @@ class SchemaRegistry:
             self._by_model[model] = writer
             self._by_fingerprint[writer.fingerprint] = writer
             self._readers[model.avro_name] = parsed
+        self._model_of: dict[str, type[AvroModel]] = {m.avro_name: m for m in self._by_model}
 
     @classmethod
     def default(cls) -> SchemaRegistry:
@@ -173,10 +174,11 @@ class SchemaRegistry:
     def decode(self, data: bytes) -> AvroModel:
         """Decode bytes to the model of whichever record type wrote them."""
         name, record = self.decode_raw(data)
-        writer = next(w for w in self._by_model.values() if w.name == name)
-        assert writer.model is not None
+        model = self._model_of.get(name)
+        if model is None:
+            raise DecodeError(f"{name} records are not read by this version of trajstream")
         try:
-            return writer.model.model_validate(record)
+            return model.model_validate(record)
         except pydantic.ValidationError as exc:
             raise ValidationError(f"invalid {name}: {_summarise(exc)}") from exc
 

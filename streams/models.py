@@ -41,6 +41,7 @@ __all__ = [
     "JudgeRequest",
     "JudgeVerdict",
     "LedgerState",
+    "OpenCallEvent",
     "PendingCall",
     "PendingCommit",
     "PendingEvent",
@@ -401,6 +402,21 @@ class PendingEvents(AvroModel):
     events: list[PendingEvent] = Field(default_factory=list)
 
 
+class OpenCallEvent(AvroModel):
+    """One event of an open call as the assembly table stores it (see the schema's doc)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.OpenCallEvent"
+    call_id: str = ""
+    partition: int = -1
+    first_seen: UtcDateTime | None = None
+    event_id: str
+    kind: int
+    seq: int = -1
+    step_count: int = -1
+    size: int
+    data: bytes
+
+
 class AwaitingReward(AvroModel):
     avro_name: ClassVar[str] = "io.trajstream.AwaitingReward"
     call_id: NonEmpty
@@ -582,6 +598,7 @@ MODELS: tuple[type[AvroModel], ...] = (
     CommitRecord,
     DeadLetter,
     PendingEvents,
+    OpenCallEvent,
     AwaitingReward,
     LedgerState,
     SelectionDecision,

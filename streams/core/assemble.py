@@ -1,7 +1,7 @@
 """Stage 1, assemble: a call's events -> a selection decision and, if selected, a trajectory.
 
 :class:`Assembler` is the stage as a step function over two stores: ``pending`` (open calls,
-stored append-only by :class:`~streams.core.pending.PendingCodec`) and ``closed`` (a small
+one store entry per event, by :class:`~streams.core.pending.OpenCalls`) and ``closed`` (a small
 marker per closed call, kept ``late_retention`` so that a late event is recorded, never applied
 twice and never dropped). The rules of assembly are in :mod:`streams.core.assembly`; this
 module applies them to records and to the clock:
@@ -14,7 +14,8 @@ module applies them to records and to the clock:
   closed calls past their retention.
 
 Deadlines are kept in memory beside the stores, per partition, rebuilt from the store after
-:meth:`reset` (the live runner calls it on every partition assignment).
+:meth:`reset` (the live runner calls it on every partition assignment), as is the cache of
+open calls (:class:`~streams.core.pending.OpenCalls`).
 
 May import: the standard library, the core, :mod:`streams.models`, :mod:`streams.codec`,
 :mod:`streams.errors`.
@@ -28,6 +29,7 @@ from ..codec import SchemaRegistry
 from ..errors import RecordError, ValidationError
 from ..models import (
     AgentCall,
+    CallPhase,
     ClosedCall,
     Completion,
     PendingCall,
@@ -41,11 +43,12 @@ from .assembly import (
     check_not_future,
     close,
     closed_reason,
+    step_order,
     tick_time,
     view_of,
 )
 from .effects import Out, Reject, Source
-from .pending import PendingCodec
+from .pending import OpenCall, OpenCalls, is_head_key
 from .select import Strategy
 from .store import Store
 
@@ -83,17 +86,27 @@ class Assembler:
         self.strategy = strategy
         self.limits = limits
         self.late_retention = late_retention
-        self.pending = pending
         self.closed = closed
         self.codec = codec
-        self.pending_codec = PendingCodec(codec)
+        self.open = OpenCalls(pending, codec)
         self._abandon: dict[int, Deadlines] = {}
         self._forget: dict[int, Deadlines] = {}
+
+    @property
+    def pending(self) -> Store:
+        """The store of open calls (one entry per event; see :mod:`streams.core.pending`)."""
+        return self.open.store
+
+    @pending.setter
+    def pending(self, store: Store) -> None:
+        self.open.store = store
+        self.reset()
 
     def reset(self) -> None:
         """Forget the deadline indexes: another worker may have changed the stores meanwhile."""
         self._abandon.clear()
         self._forget.clear()
+        self.open.reset()
 
     # -- records -------------------------------------------------------------------------------
 
@@ -119,9 +132,19 @@ class Assembler:
             out.stats["events.late"] += 1
             out.reject(self._late(src, self.codec.decode_as(closed, ClosedCall)))
             return
-        stored = self.pending.get(key)
-        if stored is not None:
-            progress = self.pending_codec.progress(stored)
+        try:
+            self._apply(key, src, record, now, out)
+        except BaseException:
+            # the cached progress may count an event the store never got: the store decides
+            self.open.discard(key)
+            raise
+
+    def _apply(
+        self, key: bytes, src: Source, record: AgentCall | Completion, now: datetime, out: Out
+    ) -> None:
+        call = self.open.get(key)
+        if call is not None:
+            progress = call.progress
         else:
             progress = Progress(record.call_id, now, src.partition)
         applied = progress.apply(record, len(src.value))
@@ -145,29 +168,30 @@ class Assembler:
                     f"than assembly.max_bytes ({self.limits.max_bytes}); "
                     + (
                         "the call closed as oversized with what it had"
-                        if stored is not None
+                        if call is not None
                         else "nothing of the call was kept"
                     ),
                     "Oversized",
                     src,
                 )
             )
-            if stored is not None:
+            if call is not None:
+                state = self.open.pending_call(key, call)
+                state.bytes -= len(src.value)  # progress counted the event not added
                 reason = f"oversized: more than {self.limits.max_bytes} bytes"
-                self._close(key, self.pending_codec.pending_call(stored), reason, now, out)
+                self._close(key, call, state, reason, now, out)
             return
         out.stats["events.applied"] += 1
-        item = PendingCodec.item(record, src.value)
-        if stored is None:
-            stored = self.pending_codec.new(record.call_id, src.partition, now, item)
-            self._index(self._abandon, src.partition).set(key, now + self.limits.abandon_after)
-        else:
-            stored = self.pending_codec.append(stored, item)
         reason = closed_reason(progress, now, self.limits)
+        if call is None:
+            self._index(self._abandon, src.partition).set(key, now + self.limits.abandon_after)
         if reason is None:
-            self.pending.set(key, stored)
+            self.open.add(key, call, progress, record, src.value)
         else:
-            self._close(key, self.pending_codec.pending_call(stored), reason, now, out)
+            # the closing event is not stored: the call's entries are deleted now
+            state = self.open.pending_call(key, call) if call is not None else None
+            state = _with_event(state, progress, record)
+            self._close(key, call, state, reason, now, out)
 
     @staticmethod
     def _late(src: Source, closed: ClosedCall) -> Reject:
@@ -179,9 +203,18 @@ class Assembler:
 
     # -- closing -------------------------------------------------------------------------------
 
-    def _close(self, key: bytes, state: PendingCall, reason: str, now: datetime, out: Out) -> None:
+    def _close(
+        self,
+        key: bytes,
+        call: OpenCall | None,
+        state: PendingCall,
+        reason: str,
+        now: datetime,
+        out: Out,
+    ) -> None:
         selection, trajectory = close(state, self.strategy, reason)
-        self.pending.delete(key)
+        if call is not None:
+            self.open.delete(key, call)
         self._index(self._abandon, state.partition).discard(key)
         self.closed.set(
             key,
@@ -216,21 +249,21 @@ class Assembler:
         out = Out()
         index = self._index(self._abandon, partition)
         for key in index.due(at):
-            raw = self.pending.get(key)
-            if raw is None:
+            call = self.open.get(key)
+            if call is None:
                 continue
-            reason = closed_reason(self.pending_codec.progress(raw), at, self.limits)
+            reason = closed_reason(call.progress, at, self.limits)
             if reason is None:  # due exactly now: closed_reason wants strictly later
                 index.set(key, at + timedelta(milliseconds=1))
             else:
-                self._close(key, self.pending_codec.pending_call(raw), reason, at, out)
+                self._close(key, call, self.open.pending_call(key, call), reason, at, out)
         for key in self._index(self._forget, partition).due(at):
             self.closed.delete(key)
         return out
 
     def open_calls(self) -> list[str]:
         """The call ids still open (for replay's report of incomplete calls)."""
-        return sorted(self.pending_codec.progress(raw).call_id for _, raw in self.pending.items())
+        return sorted(self.open.call_ids())
 
     def _index(self, indexes: dict[int, Deadlines], partition: int) -> Deadlines:
         index = indexes.get(partition)
@@ -238,12 +271,31 @@ class Assembler:
             index = indexes[partition] = Deadlines()
             if indexes is self._abandon:
                 for key, raw in self.pending.items():
-                    progress = self.pending_codec.progress(raw)
-                    if progress.partition == partition:
-                        index.set(key, progress.first_seen + self.limits.abandon_after)
+                    if is_head_key(key):
+                        _, owner, first_seen = self.open.head(raw)
+                        if owner == partition:
+                            index.set(key, first_seen + self.limits.abandon_after)
             else:
                 for key, raw in self.closed.items():
                     closed = self.codec.decode_as(raw, ClosedCall)
                     if closed.partition == partition:
                         index.set(key, closed.closed_at + self.late_retention)
         return index
+
+
+def _with_event(
+    state: PendingCall | None, progress: Progress, event: AgentCall | Completion
+) -> PendingCall:
+    """The call's working view with the event that closes it (``progress`` counts it)."""
+    if state is None:
+        state = PendingCall(
+            call_id=progress.call_id, first_seen=progress.first_seen, partition=progress.partition
+        )
+    if isinstance(event, Completion):
+        state.steps = step_order([*state.steps, event])
+    elif event.phase is CallPhase.START:
+        state.start = event
+    else:
+        state.end = event
+    state.bytes = progress.bytes
+    return state

@@ -1,13 +1,26 @@
-"""The stored form of an open call: append-only Avro, read without decoding the events.
+"""The stored form of open calls: one store entry per event, so the changelog grows linearly.
 
-An open call is stored in the assembly table as a :class:`~streams.models.PendingEvents`
-record whose last field is the array of events applied so far. Avro encodes an array as blocks
-ending in a zero, so appending an event is: drop the final zero, add a one-item block, add the
-zero again. Each new event costs the size of that event, not of the whole call, and nothing is
-decoded or re-encoded. The array items carry the event's id, kind, seq, the END's step count and
-size beside its bytes, so :func:`progress` reads what the assembly decides on with a reader
-schema that skips the bytes (Avro schema resolution), and only a closing call decodes its
-events (:func:`pending_call`).
+An open call is kept in the assembly's ``pending`` store as one
+:class:`~streams.models.OpenCallEvent` entry per applied event: the first under the call's key
+(``call_id``), carrying the call's ``call_id``, ``partition`` and ``first_seen``; the n-th
+(n = 1, 2, ...) under ``call_id + 0xFF + n`` in decimal (0xFF never occurs in UTF-8, so no
+call's keys meet another's). Each event is one store write of about its own size (one changelog
+record in the live worker, instead of a rewrite of the whole growing call), and closing the call
+deletes its entries. A call's entries are found by counting up from its key until one is
+missing: no range read or scan, which a Faust table (a dict restored from its changelog) has
+not.
+
+Each entry carries the event's id, kind, seq, the END's step count and size beside its bytes,
+so the assembly's :class:`~streams.core.assembly.Progress` is rebuilt without decoding events.
+
+:class:`OpenCalls` adds a bounded in-process cache beside the store: the progress of recently
+touched calls and the events already decoded when they arrived, so that neither is read again
+from the store and a closing call's events are not decoded a second time. The store stays the
+truth: a miss (a call evicted, or any call after :meth:`OpenCalls.reset`, which the runners call
+when partitions move) reads it back, and every change is written to the store first.
+
+The stored form of older versions, one :class:`~streams.models.PendingEvents` value per call
+under its key, is still read; such a call is rewritten as entries when its next event arrives.
 
 May import: fastavro, :mod:`streams.codec`, :mod:`streams.models`, the core.
 """
@@ -16,6 +29,8 @@ from __future__ import annotations
 
 import copy
 import io
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -24,107 +39,302 @@ from fastavro.schema import parse_schema
 
 from ..codec import MAGIC, SchemaRegistry
 from ..errors import DecodeError
-from ..models import AgentCall, CallPhase, Completion, PendingCall, PendingEvents
-from .assembly import Applied, Progress, add_event, new_pending
+from ..models import AgentCall, CallPhase, Completion, OpenCallEvent, PendingCall, PendingEvents
+from .assembly import Progress, step_order
+from .store import Store
 
-__all__ = ["PendingCodec"]
+__all__ = ["OpenCall", "OpenCalls", "entry_key", "is_head_key"]
 
 _START, _END, _STEP = 0, 1, 2
+SEPARATOR = b"\xff"
+
+Event = AgentCall | Completion
 
 
-class PendingCodec:
-    """Encodes, appends to and reads the stored form of open calls."""
+def entry_key(call_key: bytes, index: int) -> bytes:
+    """The store key of a call's ``index``-th entry (the first is the call's own key)."""
+    return call_key if index == 0 else call_key + SEPARATOR + str(index).encode()
 
-    def __init__(self, codec: SchemaRegistry):
+
+def is_head_key(key: bytes) -> bool:
+    """Whether ``key`` is a call's first entry (one per open call)."""
+    return SEPARATOR not in key
+
+
+@dataclass(slots=True)
+class OpenCall:
+    """An open call as the assembly works with it: its progress, how many entries it has in the
+    store, and (when cached) its events already decoded, in arrival order."""
+
+    progress: Progress
+    entries: int = 0
+    events: list[Event] | None = field(default_factory=list)
+    """None when unknown (read back from the store): the events are decoded at close."""
+    size: int = 0
+    """The bytes the cache counts for it."""
+
+
+class OpenCalls:
+    """The ``pending`` store of open calls with a bounded cache beside it; see the module."""
+
+    def __init__(
+        self,
+        store: Store,
+        codec: SchemaRegistry,
+        *,
+        # a fixed bound, not per open call: the decoded events of 2 MiB of wire bytes take
+        # about 8 MiB of heap; a worker whose open calls interleave more than this misses and
+        # decodes at close (what it did before the cache)
+        cache_calls: int = 1024,
+        cache_bytes: int = 2 << 20,
+    ) -> None:
+        self.store = store
         self.codec = codec
-        self.schema = codec.schema_of(PendingEvents)
-        self.header = MAGIC + codec.fingerprint_of(PendingEvents)
-        item = next(f for f in self.schema["fields"] if f["name"] == "events")["type"]["items"]
-        self.item_schema = parse_schema(_plain(item))
+        self.cache_calls = cache_calls
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[bytes, OpenCall] = OrderedDict()
+        self._cached_bytes = 0
+        self.schema = codec.schema_of(OpenCallEvent)
+        self.header = MAGIC + codec.fingerprint_of(OpenCallEvent)
         light = _plain(self.schema)
-        light_item = next(f for f in light["fields"] if f["name"] == "events")["type"]["items"]
-        light_item["fields"] = [f for f in light_item["fields"] if f["name"] != "data"]
+        light["fields"] = [f for f in light["fields"] if f["name"] != "data"]
         self.light_schema = parse_schema(light)
+        self.legacy = _Legacy(codec)
 
-    @staticmethod
-    def item(event: AgentCall | Completion, data: bytes) -> dict[str, Any]:
-        if isinstance(event, Completion):
-            kind, seq, steps = _STEP, event.seq, -1
-        elif event.phase is CallPhase.START:
-            kind, seq, steps = _START, -1, -1
-        else:
-            kind, seq = _END, -1
-            steps = -1 if event.step_count is None else event.step_count
-        return {
-            "event_id": event.event_id,
-            "kind": kind,
-            "seq": seq,
-            "step_count": steps,
-            "size": len(data),
-            "data": data,
-        }
+    def reset(self) -> None:
+        """Forget the cache: another worker may have changed the store meanwhile."""
+        self._cache.clear()
+        self._cached_bytes = 0
 
-    def new(
-        self, call_id: str, partition: int, first_seen: datetime, item: dict[str, Any]
-    ) -> bytes:
-        buf = io.BytesIO()
-        buf.write(self.header)
-        fastavro.schemaless_writer(
-            buf,
-            self.schema,
-            {
-                "call_id": call_id,
-                "partition": partition,
-                "first_seen": first_seen,
-                "events": [item],
-            },
+    # -- reading -------------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> OpenCall | None:
+        """The open call under ``key`` (a call's own key), or None."""
+        call = self._cache.get(key)
+        if call is not None:
+            self._cache.move_to_end(key)
+            return call
+        raw = self.store.get(key)
+        if raw is None:
+            return None
+        if self.legacy.holds(raw):
+            raw = self._migrate(key, raw)
+        head = self._light(raw)
+        progress = Progress(head["call_id"], head["first_seen"], head["partition"])
+        _count(progress, head)
+        entries = 1
+        while (raw := self.store.get(entry_key(key, entries))) is not None:
+            _count(progress, self._light(raw))
+            entries += 1
+        call = OpenCall(progress, entries=entries, events=None)
+        self._remember(key, call)
+        return call
+
+    def head(self, raw: bytes) -> tuple[str, int, datetime]:
+        """(call_id, partition, first_seen) of a call's first entry, as stored."""
+        if self.legacy.holds(raw):
+            progress = self.legacy.progress(raw)
+            return progress.call_id, progress.partition, progress.first_seen
+        head = self._light(raw)
+        return head["call_id"], head["partition"], head["first_seen"]
+
+    def pending_call(self, key: bytes, call: OpenCall) -> PendingCall:
+        """The assembly's working view of the call, from the cached events or the store."""
+        events = call.events
+        if events is None:
+            events = self._decode_all(key, call)
+        progress = call.progress
+        state = PendingCall(
+            call_id=progress.call_id,
+            first_seen=progress.first_seen,
+            partition=progress.partition,
+            bytes=progress.bytes,
         )
-        return buf.getvalue()
-
-    def append(self, stored: bytes, item: dict[str, Any]) -> bytes:
-        if not stored.endswith(b"\x00"):
-            raise DecodeError("stored open call does not end with an Avro array terminator")
-        buf = io.BytesIO()
-        buf.write(b"\x02")  # a block of one item (zig-zag 1)
-        fastavro.schemaless_writer(buf, self.item_schema, item)
-        return stored[:-1] + buf.getvalue() + b"\x00"
-
-    def progress(self, stored: bytes) -> Progress:
-        """What has been applied, read without decoding the events themselves."""
-        record = self._read(stored, self.light_schema)
-        progress = Progress(record["call_id"], record["first_seen"], record["partition"])
-        for item in record["events"]:
-            progress.ids.add(item["event_id"])
-            progress.bytes += item["size"]
-            if item["kind"] == _STEP:
-                progress.seqs.add(item["seq"])
-            elif item["kind"] == _START:
-                progress.has_start = True
+        steps = []
+        for event in events:
+            if isinstance(event, Completion):
+                steps.append(event)
+            elif event.phase is CallPhase.START:
+                state.start = event
             else:
-                progress.has_end = True
-                progress.expected_steps = None if item["step_count"] < 0 else item["step_count"]
-        return progress
-
-    def pending_call(self, stored: bytes) -> PendingCall:
-        """Decode every event of a stored open call into the assembly's working view."""
-        record = self._read(stored, self.schema)
-        state = new_pending(record["call_id"], record["first_seen"])
-        state.partition = record["partition"]
-        for item in record["events"]:
-            event = self.codec.decode(item["data"])
-            assert isinstance(event, AgentCall | Completion)
-            applied = add_event(state, event, item["size"])
-            assert applied is Applied.ADDED, applied
+                state.end = event
+        state.steps = step_order(steps)
         return state
 
-    def _read(self, stored: bytes, reader: Any) -> dict[str, Any]:
-        if not stored.startswith(self.header):
-            raise DecodeError("not a stored open call (PendingEvents)")
+    # -- writing -------------------------------------------------------------------------------
+
+    def add(
+        self, key: bytes, call: OpenCall | None, progress: Progress, event: Event, data: bytes
+    ) -> OpenCall:
+        """Store one applied event (``progress`` already counts it) and return the call."""
+        index = 0 if call is None else call.entries
+        item = _item(event, data)
+        if index == 0:
+            item["call_id"] = progress.call_id
+            item["partition"] = progress.partition
+            item["first_seen"] = progress.first_seen
+        buf = io.BytesIO()
+        buf.write(self.header)
+        fastavro.schemaless_writer(buf, self.schema, item)
+        try:
+            self.store.set(entry_key(key, index), buf.getvalue())
+        except BaseException:
+            self.discard(key)
+            raise
+        if call is None:
+            call = OpenCall(progress, entries=1, events=[event])
+        else:
+            call.progress = progress
+            call.entries = index + 1
+            if call.events is not None:
+                call.events.append(event)
+        if key in self._cache:
+            call.size += len(data)
+            self._cached_bytes += len(data)
+            self._cache.move_to_end(key)
+            self._trim()
+        else:
+            self._remember(key, call)
+        return call
+
+    def delete(self, key: bytes, call: OpenCall | None) -> None:
+        """Delete every entry of the call under ``key`` (``call``: as :meth:`get` gave it)."""
+        entries = call.entries if call is not None else 1
+        for index in range(entries):
+            self.store.delete(entry_key(key, index))
+        self.discard(key)
+
+    def call_ids(self) -> list[str]:
+        return [self.head(raw)[0] for key, raw in self.store.items() if is_head_key(key)]
+
+    # -- the cache ---------------------------------------------------------------------------
+
+    def _remember(self, key: bytes, call: OpenCall) -> None:
+        call.size = call.progress.bytes
+        self._cache[key] = call
+        self._cached_bytes += call.size
+        self._trim()
+
+    def discard(self, key: bytes) -> None:
+        """Drop the call under ``key`` from the cache (the store is read again)."""
+        cached = self._cache.pop(key, None)
+        if cached is not None:
+            self._cached_bytes -= cached.size
+
+    def _trim(self) -> None:
+        cache = self._cache
+        while len(cache) > self.cache_calls or (
+            self._cached_bytes > self.cache_bytes and len(cache) > 1
+        ):
+            _, old = cache.popitem(last=False)
+            self._cached_bytes -= old.size
+
+    # -- the stored form -----------------------------------------------------------------------
+
+    def _light(self, raw: bytes) -> dict[str, Any]:
+        return self._read(raw, self.light_schema)
+
+    def _read(self, raw: bytes, reader: Any) -> dict[str, Any]:
+        if not raw.startswith(self.header):
+            raise DecodeError("not a stored open call's event (OpenCallEvent)")
         record = fastavro.schemaless_reader(
-            io.BytesIO(stored[len(self.header) :]), self.schema, reader
+            io.BytesIO(raw[len(self.header) :]), self.schema, reader
         )
         assert isinstance(record, dict)
         return record
+
+    def _decode_all(self, key: bytes, call: OpenCall) -> list[Event]:
+        events = []
+        for index in range(call.entries):
+            raw = self.store.get(entry_key(key, index))
+            assert raw is not None, f"entry {index} of an open call is missing"
+            event = self.codec.decode(self._read(raw, self.schema)["data"])
+            assert isinstance(event, AgentCall | Completion)
+            events.append(event)
+        return events
+
+    def _migrate(self, key: bytes, raw: bytes) -> bytes:
+        """Rewrite a call stored as one PendingEvents value as one entry per event; returns
+        its first entry."""
+        record = self.legacy.read(raw)
+        first = b""
+        for index, item in enumerate(record["events"]):
+            item = {**_item_defaults(), **item}
+            if index == 0:
+                item.update(
+                    call_id=record["call_id"],
+                    partition=record["partition"],
+                    first_seen=record["first_seen"],
+                )
+            buf = io.BytesIO()
+            buf.write(self.header)
+            fastavro.schemaless_writer(buf, self.schema, item)
+            value = buf.getvalue()
+            self.store.set(entry_key(key, index), value)
+            first = first or value
+        if not first:
+            raise DecodeError("a stored open call (PendingEvents) without events")
+        return first
+
+
+def _item(event: Event, data: bytes) -> dict[str, Any]:
+    if isinstance(event, Completion):
+        kind, seq, steps = _STEP, event.seq, -1
+    elif event.phase is CallPhase.START:
+        kind, seq, steps = _START, -1, -1
+    else:
+        kind, seq = _END, -1
+        steps = -1 if event.step_count is None else event.step_count
+    return {
+        **_item_defaults(),
+        "event_id": event.event_id,
+        "kind": kind,
+        "seq": seq,
+        "step_count": steps,
+        "size": len(data),
+        "data": data,
+    }
+
+
+def _item_defaults() -> dict[str, Any]:
+    return {"call_id": "", "partition": -1, "first_seen": None}
+
+
+def _count(progress: Progress, item: dict[str, Any]) -> None:
+    """Add one stored event's item to ``progress``."""
+    progress.ids.add(item["event_id"])
+    progress.bytes += item["size"]
+    if item["kind"] == _STEP:
+        progress.seqs.add(item["seq"])
+    elif item["kind"] == _START:
+        progress.has_start = True
+    else:
+        progress.has_end = True
+        progress.expected_steps = None if item["step_count"] < 0 else item["step_count"]
+
+
+class _Legacy:
+    """Reads the stored form of older versions: one PendingEvents value per open call."""
+
+    def __init__(self, codec: SchemaRegistry) -> None:
+        self.codec = codec
+        self.schema = codec.schema_of(PendingEvents)
+        self.header = MAGIC + codec.fingerprint_of(PendingEvents)
+
+    def holds(self, raw: bytes) -> bool:
+        return raw.startswith(self.header)
+
+    def read(self, raw: bytes) -> dict[str, Any]:
+        record = fastavro.schemaless_reader(io.BytesIO(raw[len(self.header) :]), self.schema)
+        assert isinstance(record, dict)
+        return record
+
+    def progress(self, raw: bytes) -> Progress:
+        record = self.read(raw)
+        progress = Progress(record["call_id"], record["first_seen"], record["partition"])
+        for item in record["events"]:
+            _count(progress, item)
+        return progress
 
 
 def _plain(schema: Any) -> Any:

@@ -148,10 +148,18 @@ class RewardJoin:
         return out
 
     def on_trajectory(self, trajectory: Trajectory, partition: int, now: datetime) -> Out:
-        """A trajectory handed over in memory (replay), as if read from ``<p>.trajectories``."""
+        """A trajectory handed over in memory (replay), as if read from ``<p>.trajectories``:
+        the object itself (a copy the stage may attach feedback to), not encoded and decoded
+        again; it came from the assemble stage, so it needs no validation."""
         key = trajectory.call_id.encode()
-        src = Source(self.trajectories_topic, partition, -1, key, self.codec.encode(trajectory))
-        return self.on_record(src, now)
+        src = Source(self.trajectories_topic, partition, -1, key, b"")
+        own = trajectory.model_copy(update={"feedback": list(trajectory.feedback)})
+        out = Out()
+        try:
+            self._join(src, own, now, out)
+        except RecordError as exc:
+            out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
+        return out
 
     def _join(
         self, src: Source, record: Trajectory | UserFeedback, now: datetime, out: Out

@@ -59,6 +59,7 @@ from ..core.feedback import FeedbackRequest, feedback_requests
 from ..core.judge import JudgeAnswerError
 from ..core.ledger import CommitPlan, due_commit, is_held
 from ..core.ledger_stage import LedgerStage
+from ..core.pending import is_head_key
 from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
@@ -96,6 +97,8 @@ JUDGE_BATCH = 32
 JUDGED_REMEMBERED = 100_000  # call ids the judge stage answered, to skip a request made again
 LEDGER_BATCH = 500
 BATCH_WITHIN = 0.05  # seconds a batch waits to fill
+PRODUCER_LINGER = 0.005  # seconds the producer waits to fill a batch
+PRODUCER_BATCH = 1 << 20  # bytes in one producer batch (per partition)
 
 
 class TableStore:
@@ -243,6 +246,12 @@ class Pipeline:
             broker_commit_interval=1.0,
             broker_credentials=faust_credentials(s.kafka.security),
             producer_max_request_size=s.kafka.max_record_bytes,
+            # batch what a worker produces (changelogs, trajectories, acks): a few ms of linger
+            # and batches that hold more than one trajectory cut the producer's cost per record
+            # (measured: about 15-20% of a worker's CPU per event); the group's offsets are
+            # committed only after the producer is flushed, so nothing is acknowledged earlier
+            producer_linger=PRODUCER_LINGER,
+            producer_max_batch_size=min(PRODUCER_BATCH, s.kafka.max_record_bytes),
         )
 
         def raw_topic(name: str, partitions: int) -> faust.TopicT:
@@ -290,7 +299,10 @@ class Pipeline:
         # outside a stream (Faust otherwise takes the partition from the current event, and
         # its use_partitioner option needs producer metadata it may not have yet).
         self.ledger.partition_for_key = lambda key: 0  # type: ignore[method-assign]
-        self.metrics.watch_open_calls(lambda: len(self.pending))
+        # one entry per event of an open call, the first under the call's own key
+        self.metrics.watch_open_calls(
+            lambda: sum(1 for key in list(self.pending.keys()) if is_head_key(key))
+        )
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
         @app.agent(

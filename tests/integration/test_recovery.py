@@ -180,13 +180,17 @@ async def read_settled(
     return records
 
 
-def open_call(codec: SchemaRegistry, value: bytes) -> tuple[bool, int]:
-    """(has its START, number of steps) of an open call as the ``pending`` table stores it."""
-    _, record = codec.decode_raw(value)
-    if "events" in record:  # PendingEvents: the applied events, kind 0 START, 1 END, 2 step
-        kinds = [e["kind"] for e in record["events"]]
-        return 0 in kinds, kinds.count(2)
-    return record.get("start") is not None, len(record.get("steps") or [])  # PendingCall
+def open_call(codec: SchemaRegistry, values: list[bytes]) -> tuple[bool, int]:
+    """(has its START, number of steps) of an open call as the ``pending`` table stores it:
+    one OpenCallEvent entry per event (or, as older versions stored it, one value)."""
+    kinds: list[int] = []
+    for value in values:
+        _, record = codec.decode_raw(value)
+        if "events" in record:  # PendingEvents: the applied events, kind 0 START, 1 END, 2 step
+            kinds += [e["kind"] for e in record["events"]]
+        else:  # OpenCallEvent
+            kinds.append(record["kind"])
+    return 0 in kinds, kinds.count(2)
 
 
 async def follow_pending(
@@ -199,13 +203,15 @@ async def follow_pending(
     must: bool = True,
 ) -> dict[str, tuple[bool, int] | None]:
     """Follow the ``pending`` table's changelog, the latest value per call_id (None: deleted),
-    until ``predicate`` holds (or, unless ``must``, until ``timeout``)."""
+    until ``predicate`` holds (or, unless ``must``, until ``timeout``). A call's entries are
+    keyed by its call_id, then call_id + 0xFF + index."""
     codec = SchemaRegistry.default()
     topic = f"{prefix}-pending-changelog"
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
     )
     await consumer.start()
+    entries: dict[str, dict[bytes, bytes | None]] = defaultdict(dict)
     latest: dict[str, tuple[bool, int] | None] = {}
     deadline = time.monotonic() + timeout
     try:
@@ -218,7 +224,10 @@ async def follow_pending(
             batch = await consumer.getmany(timeout_ms=500)
             for msgs in batch.values():
                 for m in msgs:
-                    latest[m.key.decode()] = None if m.value is None else open_call(codec, m.value)
+                    call_id = m.key.split(b"\xff")[0].decode()
+                    entries[call_id][m.key] = m.value
+                    live = [v for v in entries[call_id].values() if v is not None]
+                    latest[call_id] = open_call(codec, live) if live else None
             if predicate(latest):
                 return latest
     finally:
