@@ -48,6 +48,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import faust
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 from mode.utils.times import want_seconds
 
 from ..codec import SchemaRegistry
@@ -64,7 +66,8 @@ from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
 from ..core.select import Strategy, build_strategy
-from ..errors import RecordError, TrinityError
+from ..errors import BrokerError, RecordError, TrinityError
+from ..io import kafka
 from ..io.judge import JudgeClient, judge, policy_of
 from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
@@ -97,6 +100,7 @@ JUDGE_BATCH = 32
 JUDGED_REMEMBERED = 100_000  # call ids the judge stage answered, to skip a request made again
 LEDGER_BATCH = 500
 BATCH_WITHIN = 0.05  # seconds a batch waits to fill
+UNREAD_LEDGER_S = 5.0  # how long a graceful stop reads the ledger records its consumer left
 PRODUCER_LINGER = 0.005  # seconds the producer waits to fill a batch
 PRODUCER_BATCH = 1 << 20  # bytes in one producer batch (per partition)
 
@@ -151,6 +155,7 @@ class Pipeline:
         judge_client: Callable[[], JudgeClient] | None = None,
     ) -> None:
         self.settings = settings
+        self.bootstrap = bootstrap
         self.codec = codec or SchemaRegistry.default()
         self.topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
         self.strategy = strategy or build_strategy(
@@ -667,6 +672,17 @@ class Pipeline:
             try:
                 if state.pending_commit is not None:
                     await self._recorded(await resolve_commit(state, self.trinity))
+                # the consumer stopped before this signal: acknowledgements already on the
+                # ledger that the ledger agent had not taken are applied here (each offset
+                # once, so the next owner skips them), so that the final commit counts them
+                unread = await self._unread_ledger(state.applied_offset)
+                if unread:
+                    log.info(
+                        "final commit: %d ledger records read after the consumer stopped",
+                        len(unread),
+                    )
+                applied = self.ledger_stage.apply(state, unread, utcnow())
+                await self._send(applied.out)
                 plan = due_commit(state, utcnow(), self.ledger_cfg, final=True)
                 if plan is not None:
                     log.info("final commit of %d acknowledged feedbacks", plan.count)
@@ -675,6 +691,29 @@ class Pipeline:
                 await self.app.producer.flush()
             except Exception:  # the stop goes on; the next owner commits the batch
                 log.exception("final commit failed")
+
+    async def _unread_ledger(self, applied_offset: int) -> list[Source]:
+        """The records on ``<p>.ledger`` after ``applied_offset`` (once the producer has sent
+        what this worker wrote); none when they cannot be read within UNREAD_LEDGER_S: the next
+        owner of the ledger applies them then."""
+        tp = TopicPartition(self.topics.ledger, 0)
+        reader = kafka.consumer(self.bootstrap, self.settings.kafka.security)
+        try:
+            async with asyncio.timeout(UNREAD_LEDGER_S):
+                await self.app.producer.flush()
+                await reader.start()
+                end = (await reader.end_offsets([tp]))[tp]
+                if end <= applied_offset + 1:
+                    return []
+                got = await kafka.fetch_ranges(
+                    reader, {tp: (applied_offset + 1, end)}, lambda _: None
+                )
+        except (TimeoutError, KafkaError, BrokerError) as exc:
+            log.warning("final commit: the unread ledger records were not read (%s)", exc)
+            return []
+        finally:
+            await reader.stop()
+        return [Source(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
 
 
 class ObservedTrinity:
