@@ -267,20 +267,29 @@ class Assembler:
 
     def _index(self, indexes: dict[int, Deadlines], partition: int) -> Deadlines:
         index = indexes.get(partition)
-        if index is None:
-            index = indexes[partition] = Deadlines()
-            if indexes is self._abandon:
-                for key, raw in self.pending.items():
-                    if is_head_key(key):
-                        _, owner, first_seen = self.open.head(raw)
-                        if owner == partition:
-                            index.set(key, first_seen + self.limits.abandon_after)
-            else:
-                for key, raw in self.closed.items():
-                    closed = self.codec.decode_as(raw, ClosedCall)
-                    if closed.partition == partition:
-                        index.set(key, closed.closed_at + self.late_retention)
-        return index
+        if index is not None:
+            return index
+        # One pass over the store builds the index of every partition it holds (the store is
+        # one table for all of this worker's partitions): after a reset, the first record of
+        # each partition would otherwise scan the whole table again.
+        built: dict[int, Deadlines] = {partition: Deadlines()}
+        if indexes is self._abandon:
+            for key, raw in self.pending.items():
+                if is_head_key(key):
+                    _, owner, first_seen = self.open.head(raw)
+                    if owner not in indexes:
+                        built.setdefault(owner, Deadlines()).set(
+                            key, first_seen + self.limits.abandon_after
+                        )
+        else:
+            for key, raw in self.closed.items():
+                closed = self.codec.decode_as(raw, ClosedCall)
+                if closed.partition not in indexes:
+                    built.setdefault(closed.partition, Deadlines()).set(
+                        key, closed.closed_at + self.late_retention
+                    )
+        indexes.update(built)
+        return built[partition]
 
 
 def _with_event(

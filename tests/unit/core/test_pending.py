@@ -174,3 +174,29 @@ def test_an_event_whose_step_failed_is_applied_when_redelivered() -> None:
     core.event(end(step_count=0), at(2))  # redelivered
     assert [d.closed_reason for d in core.topic("decisions")] == ["ended"]
     assert len(core.pending) == 0
+
+
+def test_after_a_reset_one_pass_over_the_store_rebuilds_every_partitions_deadlines() -> None:
+    from streams.core.effects import Source
+
+    core = Core()
+    for offset, (partition, call_id) in enumerate(((0, "call-a"), (1, "call-b"), (1, "call-c"))):
+        src = Source(
+            "agent-events", partition, offset, call_id.encode(), CODEC.encode(start(call_id))
+        )
+        core.assembler.on_record(src, at(0))
+    core.assembler.reset()
+    scans = 0
+    items = core.assembler.pending.items
+
+    def counted() -> Any:
+        nonlocal scans
+        scans += 1
+        return items()
+
+    core.assembler.pending.items = counted  # type: ignore[method-assign]
+    abandoned = core.assembler.on_tick(0, at(61))
+    assert [d.call_id for d in abandoned.records("decisions")] == ["call-a"]
+    abandoned = core.assembler.on_tick(1, at(61))
+    assert sorted(d.call_id for d in abandoned.records("decisions")) == ["call-b", "call-c"]
+    assert scans == 1
