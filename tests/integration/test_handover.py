@@ -159,8 +159,11 @@ async def test_no_committed_offset_passes_a_record_no_agent_handled(
     await wait_for(lambda: logged(second, "Worker ready"), 90, "the second worker to be ready")
     await produce_backlog(kafka_bootstrap, prefix, calls=5, junk=3, seed=3)
 
-    # settle: every input partition committed up to its end (ticks keep coming: near its end)
+    # settle: every input partition committed up to its end (ticks keep coming: near its end;
+    # the ledger too gets a tick every commit.tick_s, 1 s, the same period as the group's
+    # commits, so its last tick is often not committed yet; a stuck commit falls further behind)
     # slow agents on a loaded machine: minutes, not seconds; a commit stuck for 30 s stays stuck
+    slack = {topics[1]: 50, topics[5]: 3}  # the ticks, the ledger
     deadline = time.monotonic() + 300
     last_total, moved_at = -1, time.monotonic()
     while True:
@@ -168,7 +171,7 @@ async def test_no_committed_offset_passes_a_record_no_agent_handled(
         behind = {
             tp: ends[tp] - committed.get(tp, 0)
             for tp in ends
-            if ends[tp] - committed.get(tp, 0) > (50 if tp.topic == topics[1] else 0)
+            if ends[tp] - committed.get(tp, 0) > slack.get(tp.topic, 0)
         }
         total = sum(behind.values())
         if total != last_total:
