@@ -85,7 +85,14 @@ class OtlpIngest:
             body = await _read(request, self.max_body)
         except (ContentEncodingError, RequestPayloadError) as exc:
             self.stats["requests.undecodable"] += 1
-            return self._error(400, f"body cannot be decompressed ({encoding}): {exc}", media)
+            # the rest of the body cannot be read either: end it here and close the connection
+            # after the answer, or aiohttp reads on, hits the same error and logs a traceback
+            request.content.feed_eof()
+            answer = self._refuse(
+                request, f"body cannot be decompressed ({encoding}): {_cause(exc)}", media
+            )
+            answer.force_close()
+            return answer
         if body is None:
             return self._error(
                 413, f"request body exceeds {self.max_body} bytes", media, _RESOURCE_EXHAUSTED
@@ -103,12 +110,12 @@ class OtlpIngest:
                 )
             except (OSError, EOFError, zlib.error) as exc:
                 self.stats["requests.undecodable"] += 1
-                return self._error(400, f"body cannot be decompressed (gzip): {exc}", media)
+                return self._refuse(request, f"body cannot be decompressed (gzip): {exc}", media)
         try:
             export = decode_protobuf(body) if media == PROTOBUF else decode_json(body)
         except OtlpDecodeError as exc:
             self.stats["requests.undecodable"] += 1
-            return self._error(400, str(exc), media)
+            return self._refuse(request, str(exc), media)
         mapped = map_request(export, missing_parent=self.missing_parent)
         if mapped.records:
             try:
@@ -129,6 +136,11 @@ class OtlpIngest:
             len(mapped.rejected), mapped.error_message(), as_json=media == JSON
         )
         return web.Response(body=payload, status=200, content_type=media)
+
+    def _refuse(self, request: web.Request, message: str, media: str) -> web.Response:
+        """400 for a body that cannot be decoded, with one warning line (no traceback)."""
+        log.warning("refused an export from %s: %s", request.remote or "?", message)
+        return self._error(400, message, media)
 
     def _error(
         self, status: int, message: str, media: str, code: int = _INVALID_ARGUMENT
@@ -176,6 +188,16 @@ async def _read(request: web.Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _cause(exc: BaseException) -> str:
+    """One line saying why a body could not be read (aiohttp's message spans lines; the
+    decompressor's own error, its cause, says more)."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, zlib.error) and cause.__cause__:
+        cause = cause.__cause__
+    text = getattr(cause, "message", None) or str(cause)
+    return " ".join(str(text).split())[:200] or type(exc).__name__
 
 
 class _TooLarge(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -195,3 +196,36 @@ def test_otlp_settings_fail_at_start_with_their_name(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("TRAJSTREAM_OTLP__MISSING_PARENT", "nobody")
     with pytest.raises(ConfigError, match=r"otlp\.missing_parent"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "auto_decompress"),
+    [("gzip", True), ("deflate", True), ("gzip", False)],
+    ids=["gzip-by-aiohttp", "deflate-by-aiohttp", "gzip-here"],
+)
+async def test_an_undecompressible_body_is_one_warning_line_without_traceback(
+    caplog: pytest.LogCaptureFixture, encoding: str, auto_decompress: bool
+) -> None:
+    recorder = Recorder()
+    app = web.Application()
+    add_otlp_routes(app, recorder)
+    test_server = TestServer(app, host="127.0.0.1", auto_decompress=auto_decompress)
+    await test_server.start_server()
+    caplog.set_level("DEBUG")
+    try:
+        async with httpx.AsyncClient(base_url=str(test_server.make_url(""))) as client:
+            headers = {**PB, "Content-Encoding": encoding}
+            junk = b"\x1f\x8b\x08" + b"not compressed at all " * 50
+            broken = await client.post("/v1/traces", content=junk, headers=headers)
+            await asyncio.sleep(0.3)  # aiohttp would log its traceback after the answer
+            ok = await client.post("/v1/traces", content=body_pb(), headers=PB)
+    finally:
+        await test_server.close()
+    assert broken.status_code == 400 and b"cannot be decompressed" in broken.content
+    assert ok.status_code == 200  # the server serves on
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.name, r.levelname) for r in loud] == [("trajstream.otlp", "WARNING")], [
+        r.getMessage() for r in loud
+    ]
+    assert "\n" not in loud[0].getMessage() and f"({encoding})" in loud[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)
