@@ -23,9 +23,9 @@ attributes they emit (``llm.request.type``, ``traceloop.span.kind``, ``openinfer
 GenAI span that cannot be mapped (bad ids, invalid values) is rejected and named, for the
 response's ``partial_success``.
 
-Why one module of ~950 lines: decoding (protobuf and OTLP JSON), the attribute vocabularies of
-the current and the deprecated conventions, and the span-to-record mapping are read together
-when a span maps wrongly; each part is a set of small pure functions tested on its own.
+The module reads in the order a span is handled: the operation a span records
+(:func:`operation_of`), the call it belongs to, its records. Decoding the request is
+:mod:`.otlp_decode`; reading messages, marks and the other attributes is :mod:`.otlp_vocab`.
 
 May import: the standard library, protobuf and ``opentelemetry-proto``, pydantic, and the
 package's models and join rules. No HTTP server, no Kafka.
@@ -33,34 +33,37 @@ package's models and join rules. No HTTP server, no Kafka.
 
 from __future__ import annotations
 
-import base64
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import pydantic
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError as ProtobufDecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from ..core.assembly import SEQ_SPACE
-from ..errors import DecodeError
-from ..models import (
-    AgentCall,
-    CallPhase,
-    CallStatus,
-    ChatMessage,
-    Completion,
-    StepKind,
-    TrainingMark,
+from ..models import AgentCall, CallPhase, CallStatus, ChatMessage, Completion, StepKind
+from .otlp_decode import (
+    OtlpDecodeError,
+    SpanView,
+    decode_json,
+    decode_protobuf,
+    encode_response,
+    spans_of,
+)
+from .otlp_vocab import (
+    STEP_KEYS,
+    STEP_PREFIXES,
+    Attrs,
+    assistant_text,
+    first,
+    input_messages,
+    leftover,
+    mark_of,
+    output_messages,
+    short,
+    span_time,
 )
 
 __all__ = [
@@ -76,6 +79,7 @@ __all__ = [
     "encode_response",
     "map_request",
     "map_spans",
+    "operation_of",
     "seq_of",
     "spans_of",
 ]
@@ -90,164 +94,6 @@ that parent, taken to be the agent span that ends later) or ``own`` (a call of o
 
 _TIE_BITS = 4
 _TIME_SPACE = SEQ_SPACE >> _TIE_BITS  # 2**27 ms: a wrap every 37 hours
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class OtlpDecodeError(DecodeError):
-    """The body is not an OTLP ExportTraceServiceRequest (answered with 400)."""
-
-
-# -- decoding ---------------------------------------------------------------------------------
-
-
-def decode_protobuf(body: bytes) -> ExportTraceServiceRequest:
-    """An ``application/x-protobuf`` body."""
-    request = ExportTraceServiceRequest()
-    try:
-        request.ParseFromString(body)
-    except (ProtobufDecodeError, ValueError, RecursionError) as exc:
-        raise OtlpDecodeError(f"not a protobuf ExportTraceServiceRequest: {exc}") from exc
-    return request
-
-
-def decode_json(body: bytes) -> ExportTraceServiceRequest:
-    """An ``application/json`` body in the OTLP JSON encoding.
-
-    OTLP JSON is protobuf's JSON mapping (lowerCamelCase keys, enums as integers, 64-bit
-    integers as strings or numbers) except that trace and span ids are hex strings, not
-    base64; unknown fields are ignored, as the specification asks of receivers.
-    """
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OtlpDecodeError(f"not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise OtlpDecodeError("not an OTLP JSON object (an ExportTraceServiceRequest)")
-    try:
-        for resource_spans in _items(data, "resourceSpans", "resource_spans"):
-            for scope_spans in _items(resource_spans, "scopeSpans", "scope_spans"):
-                for span in _items(scope_spans, "spans"):
-                    _hex_ids_to_base64(span)
-                    for link in _items(span, "links"):
-                        _hex_ids_to_base64(link)
-        request = ExportTraceServiceRequest()
-        json_format.ParseDict(data, request, ignore_unknown_fields=True)
-    except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
-        raise OtlpDecodeError(f"not an OTLP JSON ExportTraceServiceRequest: {exc}") from exc
-    return request
-
-
-def _items(obj: Any, *keys: str) -> list[Any]:
-    if not isinstance(obj, dict):
-        raise OtlpDecodeError(f"expected an object holding {keys[0]!r}, got {type(obj).__name__}")
-    for key in keys:
-        value = obj.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, list):
-            raise OtlpDecodeError(f"{key!r} must be an array")
-        return value
-    return []
-
-
-def _hex_ids_to_base64(obj: Any) -> None:
-    if not isinstance(obj, dict):
-        raise OtlpDecodeError("a span or link must be an object")
-    for camel, snake in (
-        ("traceId", "trace_id"),
-        ("spanId", "span_id"),
-        ("parentSpanId", "parent_span_id"),
-    ):
-        for key in (camel, snake):
-            value = obj.get(key)
-            if isinstance(value, str):
-                try:
-                    raw = bytes.fromhex(value)
-                except ValueError:
-                    raise OtlpDecodeError(f"{key} {value!r} is not a hex string") from None
-                obj[key] = base64.b64encode(raw).decode()
-
-
-def encode_response(rejected: int, message: str, *, as_json: bool) -> bytes:
-    """An ExportTraceServiceResponse, with ``partial_success`` when spans were rejected."""
-    response = ExportTraceServiceResponse()
-    if rejected or message:
-        response.partial_success.rejected_spans = rejected
-        response.partial_success.error_message = message
-    if as_json:
-        return str(json_format.MessageToJson(response, indent=None)).encode()
-    return bytes(response.SerializeToString())
-
-
-# -- a span, as plain values ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SpanView:
-    """One span with its ids in hex and its attributes as Python values."""
-
-    trace_id: str
-    span_id: str
-    parent_id: str
-    name: str
-    start_ns: int
-    end_ns: int
-    status: int = Status.STATUS_CODE_UNSET
-    status_message: str = ""
-    attributes: Mapping[str, Any] = field(default_factory=dict)
-    events: tuple[tuple[str, int, Mapping[str, Any]], ...] = ()
-    resource: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.trace_id, self.span_id
-
-    @property
-    def ref(self) -> str:
-        """How a rejection names the span."""
-        return f"span {self.span_id or '?'} of trace {self.trace_id or '?'} ({self.name!r})"
-
-
-def spans_of(request: ExportTraceServiceRequest) -> Iterator[SpanView]:
-    for resource_spans in request.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                yield _view(span, resource)
-
-
-def _view(span: PbSpan, resource: Mapping[str, Any]) -> SpanView:
-    return SpanView(
-        trace_id=span.trace_id.hex(),
-        span_id=span.span_id.hex(),
-        parent_id=span.parent_span_id.hex(),
-        name=span.name,
-        start_ns=span.start_time_unix_nano,
-        end_ns=span.end_time_unix_nano,
-        status=span.status.code,
-        status_message=span.status.message,
-        attributes=_attributes(span.attributes),
-        events=tuple((e.name, e.time_unix_nano, _attributes(e.attributes)) for e in span.events),
-        resource=resource,
-    )
-
-
-def _attributes(kvs: Iterable[Any]) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in kvs}
-
-
-def _value(value: AnyValue) -> Any:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_value(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _value(kv.value) for kv in value.kvlist_value.values}
-    if kind == "bytes_value":
-        return base64.b64encode(value.bytes_value).decode()
-    return getattr(value, kind)
-
 
 # -- the mapping ------------------------------------------------------------------------------
 
@@ -320,7 +166,7 @@ def map_spans(spans: Iterable[SpanView], *, missing_parent: MissingParent = "age
                 heads.setdefault(call_id, []).extend(_single_call_events(span, call_id, step))
             steps.setdefault(call_id, []).append((span, kind, op))
         except (pydantic.ValidationError, ValueError, TypeError) as exc:
-            out.rejected.append(f"{span.ref}: {_short(exc)}")
+            out.rejected.append(f"{span.ref}: {short(exc)}")
     for call_id in sorted(set(heads) | set(steps)):
         events = heads.get(call_id, [])
         starts = [e for e in events if e.phase is CallPhase.START]
@@ -355,7 +201,7 @@ def operation_of(attrs: Mapping[str, Any]) -> str | None:
         return "execute_tool"
     if openinference == "AGENT":
         return "invoke_agent"
-    if _first(attrs, "gen_ai.system", "gen_ai.provider.name") and _first(
+    if first(attrs, "gen_ai.system", "gen_ai.provider.name") and first(
         attrs, "gen_ai.request.model", "gen_ai.response.model", "gen_ai.response.id"
     ):
         return "chat"  # an LLM span of an instrumentation that predates operation.name
@@ -383,7 +229,7 @@ def _sequenced(
         try:
             steps.append(_step(span, call_id, kind, op, seq))
         except (pydantic.ValidationError, ValueError, TypeError) as exc:
-            out.rejected.append(f"{span.ref}: {_short(exc)}")
+            out.rejected.append(f"{span.ref}: {short(exc)}")
             continue
         previous = seq
     return steps
@@ -439,11 +285,7 @@ def _step_call(
 # -- records ----------------------------------------------------------------------------------
 
 
-def _time(ns: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=ns // 1000)
-
-
-def _status(span: SpanView, attrs: _Attrs) -> tuple[CallStatus, str | None]:
+def _status(span: SpanView, attrs: Attrs) -> tuple[CallStatus, str | None]:
     error_type = attrs.text("error.type")
     if span.status == Status.STATUS_CODE_ERROR or error_type:
         error = error_type or span.status_message or "error"
@@ -454,7 +296,7 @@ def _status(span: SpanView, attrs: _Attrs) -> tuple[CallStatus, str | None]:
 
 
 def _agent_events(span: SpanView, call_id: str, op: str) -> list[AgentCall]:
-    attrs = _Attrs(span.attributes)
+    attrs = Attrs(span.attributes)
     common: dict[str, Any] = {
         "call_id": call_id,
         "operation_name": op,
@@ -464,19 +306,19 @@ def _agent_events(span: SpanView, call_id: str, op: str) -> list[AgentCall]:
         "conversation_id": attrs.text(
             "gen_ai.conversation.id", "session.id", "traceloop.association.properties.session_id"
         ),
-        "mark": _mark(span, attrs),
+        "mark": mark_of(span, attrs),
     }
-    inputs, _ = _input_messages(span, attrs)
-    outputs, _, _ = _output_messages(span, attrs)
+    inputs, _ = input_messages(span, attrs)
+    outputs, _, _ = output_messages(span, attrs)
     status, error = _status(span, attrs)
-    output = _assistant_text(outputs) or attrs.text("traceloop.entity.output", "output.value")
+    output = assistant_text(outputs) or attrs.text("traceloop.entity.output", "output.value")
     attrs.consume("gen_ai.operation.name", "traceloop.span.kind", "openinference.span.kind")
     attrs.consume("traceloop.entity.input", "input.value")
-    extra = _leftover(span, attrs)
+    extra = leftover(span, attrs)
     start = AgentCall(
         event_id=f"otlp:{span.trace_id}:{span.span_id}:start",
         phase=CallPhase.START,
-        event_time=_time(span.start_ns),
+        event_time=span_time(span.start_ns),
         input_messages=inputs,
         attributes=extra,
         **common,
@@ -484,7 +326,7 @@ def _agent_events(span: SpanView, call_id: str, op: str) -> list[AgentCall]:
     end = AgentCall(
         event_id=f"otlp:{span.trace_id}:{span.span_id}:end",
         phase=CallPhase.END,
-        event_time=_time(span.end_ns),
+        event_time=span_time(span.end_ns),
         output=output,
         status=status,
         error_type=error,
@@ -496,33 +338,33 @@ def _agent_events(span: SpanView, call_id: str, op: str) -> list[AgentCall]:
 
 def _single_call_events(span: SpanView, call_id: str, step: Completion) -> list[AgentCall]:
     """START and END of a call of one chat step (a chat span outside any agent span)."""
-    attrs = _Attrs(span.attributes)
-    for name in _STEP_KEYS:
+    attrs = Attrs(span.attributes)
+    for name in STEP_KEYS:
         attrs.consume(name)
-    attrs.consume_prefix(*_STEP_PREFIXES)
+    attrs.consume_prefix(*STEP_PREFIXES)
     common: dict[str, Any] = {
         "call_id": call_id,
         "agent_id": attrs.text("gen_ai.agent.id"),
         "agent_name": attrs.text("gen_ai.agent.name"),
         "agent_version": attrs.text("gen_ai.agent.version"),
         "conversation_id": attrs.text("gen_ai.conversation.id", "session.id"),
-        "mark": _mark(span, attrs),
+        "mark": mark_of(span, attrs),
     }
     status, error = _status(span, attrs)
     return [
         AgentCall(
             event_id=f"otlp:{span.trace_id}:{span.span_id}:start",
             phase=CallPhase.START,
-            event_time=_time(span.start_ns),
+            event_time=span_time(span.start_ns),
             input_messages=step.input_messages,
-            attributes=_leftover(span, attrs),
+            attributes=leftover(span, attrs),
             **common,
         ),
         AgentCall(
             event_id=f"otlp:{span.trace_id}:{span.span_id}:end",
             phase=CallPhase.END,
-            event_time=_time(span.end_ns),
-            output=_assistant_text(step.output_messages) or None,
+            event_time=span_time(span.end_ns),
+            output=assistant_text(step.output_messages) or None,
             status=status,
             error_type=error,
             step_count=1,
@@ -531,53 +373,13 @@ def _single_call_events(span: SpanView, call_id: str, step: Completion) -> list[
     ]
 
 
-_STEP_KEYS = (
-    "gen_ai.operation.name",
-    "gen_ai.provider.name",
-    "gen_ai.system",
-    "llm.vendor",
-    "llm.provider",
-    "llm.system",
-    "gen_ai.request.model",
-    "llm.request.model",
-    "gen_ai.response.model",
-    "llm.response.model",
-    "llm.model_name",
-    "gen_ai.response.id",
-    "gen_ai.response.finish_reasons",
-    "llm.response.finish_reason",
-    "gen_ai.usage.input_tokens",
-    "gen_ai.usage.prompt_tokens",
-    "llm.usage.prompt_tokens",
-    "llm.token_count.prompt",
-    "gen_ai.usage.output_tokens",
-    "gen_ai.usage.completion_tokens",
-    "llm.usage.completion_tokens",
-    "llm.token_count.completion",
-    "gen_ai.input.messages",
-    "gen_ai.output.messages",
-    "gen_ai.system_instructions",
-    "llm.request.type",
-    "gen_ai.request.type",
-    "openinference.span.kind",
-)
-_STEP_PREFIXES = (
-    "gen_ai.prompt.",
-    "gen_ai.completion.",
-    "llm.prompts.",
-    "llm.completions.",
-    "llm.input_messages.",
-    "llm.output_messages.",
-)
-
-
 def _step(span: SpanView, call_id: str, kind: StepKind, op: str, seq: int) -> Completion:
-    attrs = _Attrs(span.attributes)
+    attrs = Attrs(span.attributes)
     common: dict[str, Any] = {
         "event_id": f"otlp:{span.trace_id}:{span.span_id}:step",
         "call_id": call_id,
         "seq": seq,
-        "event_time": _time(span.end_ns),
+        "event_time": span_time(span.end_ns),
         "kind": kind,
         "operation_name": op,
         "latency_ms": (span.end_ns - span.start_ns) / 1e6,
@@ -600,8 +402,8 @@ def _step(span: SpanView, call_id: str, kind: StepKind, op: str, seq: int) -> Co
             output_messages=[ChatMessage(role="tool", content=result or "", name=name)],
             **common,
         )
-    inputs, _ = _input_messages(span, attrs)
-    outputs, tool_calls, reasons = _output_messages(span, attrs)
+    inputs, _ = input_messages(span, attrs)
+    outputs, tool_calls, reasons = output_messages(span, attrs)
     finish = attrs.get("gen_ai.response.finish_reasons", "llm.response.finish_reason")
     if isinstance(finish, str):
         finish = [finish]
@@ -630,333 +432,3 @@ def _step(span: SpanView, call_id: str, kind: StepKind, op: str, seq: int) -> Co
         tool_calls=tool_calls,
         **common,
     )
-
-
-# -- messages ---------------------------------------------------------------------------------
-
-
-def _input_messages(span: SpanView, attrs: _Attrs) -> tuple[list[ChatMessage], list[str]]:
-    system = attrs.get("gen_ai.system_instructions")
-    prefix: list[ChatMessage] = []
-    if system is not None:
-        text = _parts_text(_json(system))
-        if text:
-            prefix.append(ChatMessage(role="system", content=text))
-    structured = attrs.get("gen_ai.input.messages")
-    if structured is not None:
-        messages, calls, _ = _structured(_json(structured), "user")
-        return prefix + messages, calls
-    for flat in ("gen_ai.prompt.", "llm.prompts.", "llm.input_messages."):
-        messages, calls, _ = _flattened(attrs, flat, "user")
-        if messages:
-            return prefix + messages, calls
-    messages, calls = _from_events(span, output=False)
-    return prefix + messages, calls
-
-
-def _output_messages(
-    span: SpanView, attrs: _Attrs
-) -> tuple[list[ChatMessage], list[str], list[str]]:
-    structured = attrs.get("gen_ai.output.messages")
-    if structured is not None:
-        return _structured(_json(structured), "assistant")
-    for flat in ("gen_ai.completion.", "llm.completions.", "llm.output_messages."):
-        messages, calls, reasons = _flattened(attrs, flat, "assistant")
-        if messages or calls:
-            return messages, calls, reasons
-    messages, calls = _from_events(span, output=True)
-    return messages, calls, []
-
-
-def _structured(data: Any, default_role: str) -> tuple[list[ChatMessage], list[str], list[str]]:
-    """Messages in the GenAI JSON form: ``[{"role", "parts": [...]}]`` or ``[{"role",
-    "content"}]`` (older instrumentations), or a bare string."""
-    if isinstance(data, str):
-        return [ChatMessage(role=default_role, content=data)], [], []
-    if isinstance(data, dict):
-        data = data.get("messages", [data])
-    if not isinstance(data, list):
-        return [], [], []
-    messages, calls, reasons = [], [], []
-    for item in data:
-        if isinstance(item, str):
-            messages.append(ChatMessage(role=default_role, content=item))
-            continue
-        if not isinstance(item, dict):
-            continue
-        nested = item.get("message")
-        inner: dict[str, Any] = nested if isinstance(nested, dict) else item
-        role = str(inner.get("role") or default_role)
-        content = inner.get("parts", inner.get("content"))
-        text = _parts_text(content)
-        calls.extend(_tool_calls_of(content))
-        calls.extend(_tool_calls_of(inner.get("tool_calls")))
-        if role == "tool" and not text:
-            text = _parts_text(inner.get("result"))
-        name = inner.get("name")
-        messages.append(
-            ChatMessage(role=role, content=text, name=name if isinstance(name, str) else None)
-        )
-        reason = item.get("finish_reason")
-        if isinstance(reason, str) and reason:
-            reasons.append(reason)
-    return messages, calls, reasons
-
-
-def _parts_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, dict):
-        content = [content]
-    if not isinstance(content, list):
-        return json.dumps(content, sort_keys=True)
-    texts = []
-    for part in content:
-        if isinstance(part, str):
-            texts.append(part)
-        elif isinstance(part, dict):
-            kind = part.get("type", "text")
-            if kind == "text":
-                texts.append(_parts_text(part.get("content", part.get("text"))))
-            elif kind in ("tool_call_response", "tool_result"):
-                texts.append(_parts_text(part.get("result", part.get("response"))))
-            elif kind == "reasoning":
-                continue
-    return "\n".join(t for t in texts if t)
-
-
-def _tool_calls_of(content: Any) -> list[str]:
-    if not isinstance(content, list):
-        return []
-    out = []
-    for part in content:
-        if not isinstance(part, dict):
-            continue
-        nested = part.get("function")
-        function: dict[str, Any] = nested if isinstance(nested, dict) else part
-        if part.get("type", "tool_call") not in ("tool_call", "function") or not function.get(
-            "name"
-        ):
-            continue
-        call: dict[str, Any] = {"name": str(function["name"])}
-        if part.get("id"):
-            call["id"] = str(part["id"])
-        arguments = function.get("arguments")
-        if arguments is not None:
-            call["arguments"] = arguments if isinstance(arguments, str) else json.dumps(arguments)
-        out.append(json.dumps(call, sort_keys=True))
-    return out
-
-
-def _flattened(
-    attrs: _Attrs, prefix: str, default_role: str
-) -> tuple[list[ChatMessage], list[str], list[str]]:
-    """Messages flattened into indexed attributes: ``gen_ai.prompt.0.role`` /
-    ``gen_ai.prompt.0.content`` (OpenLLMetry), ``llm.input_messages.0.message.role``
-    (OpenInference), with tool calls under ``.tool_calls.N.``."""
-    rows: dict[int, dict[str, Any]] = {}
-    for key, value in attrs.with_prefix(prefix).items():
-        head, _, rest = key.partition(".")
-        if not head.isdigit():
-            continue
-        rest = rest.removeprefix("message.")
-        rows.setdefault(int(head), {})[rest] = value
-    messages, calls, reasons = [], [], []
-    for index in sorted(rows):
-        row = rows[index]
-        role = str(row.get("role") or default_role)
-        content = row.get("content")
-        text = content if isinstance(content, str) else _parts_text(_json(content))
-        messages.append(ChatMessage(role=role, content=text or "", name=_str(row.get("name"))))
-        reason = row.get("finish_reason")
-        if isinstance(reason, str) and reason:
-            reasons.append(reason)
-        tools: dict[int, dict[str, Any]] = {}
-        for key, value in row.items():
-            if key.startswith("tool_calls."):
-                number, _, field_name = key[len("tool_calls.") :].partition(".")
-                if number.isdigit():
-                    field_name = field_name.removeprefix("tool_call.").removeprefix("function.")
-                    tools.setdefault(int(number), {})[field_name] = value
-        for n in sorted(tools):
-            tool = tools[n]
-            if tool.get("name"):
-                call = {"name": str(tool["name"])}
-                if tool.get("id"):
-                    call["id"] = str(tool["id"])
-                if tool.get("arguments") is not None:
-                    call["arguments"] = str(tool["arguments"])
-                calls.append(json.dumps(call, sort_keys=True))
-    return messages, calls, reasons
-
-
-_EVENT_ROLES = {
-    "gen_ai.system.message": "system",
-    "gen_ai.user.message": "user",
-    "gen_ai.assistant.message": "assistant",
-    "gen_ai.tool.message": "tool",
-}
-
-
-def _from_events(span: SpanView, *, output: bool) -> tuple[list[ChatMessage], list[str]]:
-    """Messages recorded as span events: ``gen_ai.content.prompt`` / ``.completion`` (with
-    ``gen_ai.prompt`` / ``gen_ai.completion`` JSON), the per-message events
-    (``gen_ai.user.message``, ``gen_ai.choice``...), or
-    ``gen_ai.client.inference.operation.details``."""
-    messages: list[ChatMessage] = []
-    calls: list[str] = []
-    for name, _, attrs in span.events:
-        if name == "gen_ai.client.inference.operation.details":
-            key = "gen_ai.output.messages" if output else "gen_ai.input.messages"
-            if key in attrs:
-                found, found_calls, _ = _structured(
-                    _json(attrs[key]), "assistant" if output else "user"
-                )
-                messages.extend(found)
-                calls.extend(found_calls)
-        elif name == ("gen_ai.content.completion" if output else "gen_ai.content.prompt"):
-            key = "gen_ai.completion" if output else "gen_ai.prompt"
-            if key in attrs:
-                found, found_calls, _ = _structured(
-                    _json(attrs[key]), "assistant" if output else "user"
-                )
-                messages.extend(found)
-                calls.extend(found_calls)
-        elif output and name == "gen_ai.choice":
-            body = _json(attrs.get("message", attrs.get("content", "")))
-            if isinstance(body, dict):
-                found, found_calls, _ = _structured([body], "assistant")
-                messages.extend(found)
-                calls.extend(found_calls)
-            elif body:
-                messages.append(ChatMessage(role="assistant", content=_parts_text(body)))
-        elif not output and name in _EVENT_ROLES:
-            content = _json(attrs.get("content", ""))
-            messages.append(ChatMessage(role=_EVENT_ROLES[name], content=_parts_text(content)))
-    return messages, calls
-
-
-def _assistant_text(messages: list[ChatMessage]) -> str | None:
-    texts = [m.content for m in messages if m.role == "assistant" and m.content]
-    return "\n".join(texts) if texts else None
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, str) and value[:1] in ("[", "{"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-# -- marks and attributes ---------------------------------------------------------------------
-
-
-def _mark(span: SpanView, attrs: _Attrs) -> TrainingMark | None:
-    """A training mark from ``trajstream.mark.*``: ``labels`` (array or comma-separated),
-    ``task_id``, ``run_id``, ``marked_at`` (ISO 8601 or Unix nanoseconds; default: the span's
-    end) and ``metadata.<key>``."""
-    found = attrs.with_prefix("trajstream.mark.")
-    if not found:
-        return None
-    labels = found.get("labels", [])
-    if isinstance(labels, str):
-        labels = [s.strip() for s in labels.split(",") if s.strip()]
-    marked_at = found.get("marked_at")
-    if isinstance(marked_at, int):
-        when = _time(marked_at)
-    elif isinstance(marked_at, str) and marked_at:
-        when = datetime.fromisoformat(marked_at.replace("Z", "+00:00"))
-    else:
-        when = _time(span.end_ns)
-    run_id = found.get("run_id")
-    return TrainingMark(
-        labels=[str(x) for x in labels] if isinstance(labels, list) else [],
-        metadata={
-            k.removeprefix("metadata."): _text(v)
-            for k, v in found.items()
-            if k.startswith("metadata.")
-        },
-        task_id=_str(found.get("task_id")),
-        run_id=int(run_id) if run_id is not None and str(run_id).isdigit() else None,
-        marked_at=when,
-    )
-
-
-def _leftover(span: SpanView, attrs: _Attrs) -> dict[str, str]:
-    """The span's attributes trajstream has no field for, and where the span came from."""
-    out = {k: _text(v) for k, v in span.attributes.items() if k not in attrs.consumed}
-    out = {k: v for k, v in out.items() if not k.startswith(("trajstream.mark.",))}
-    out.pop("trajstream.call_id", None)
-    service = span.resource.get("service.name")
-    if isinstance(service, str) and service:
-        out.setdefault("service.name", service)
-    out["otel.trace_id"] = span.trace_id
-    out["otel.span_id"] = span.span_id
-    return out
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-
-
-def _first(attrs: Mapping[str, Any], *names: str) -> Any:
-    for name in names:
-        value = attrs.get(name)
-        if value is not None and value != "":
-            return value
-    return None
-
-
-def _short(exc: Exception) -> str:
-    if isinstance(exc, pydantic.ValidationError):
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        return f"invalid {where}: {err['msg']}"
-    return str(exc)[:200]
-
-
-class _Attrs:
-    """A span's attributes, remembering which ones were read (the rest are kept as-is)."""
-
-    def __init__(self, attrs: Mapping[str, Any]):
-        self._attrs = attrs
-        self.consumed: set[str] = set()
-
-    def consume(self, *names: str) -> None:
-        self.consumed.update(names)
-
-    def consume_prefix(self, *prefixes: str) -> None:
-        self.consumed.update(k for k in self._attrs if k.startswith(prefixes))
-
-    def get(self, *names: str) -> Any:
-        self.consumed.update(names)
-        return _first(self._attrs, *names)
-
-    def text(self, *names: str) -> str | None:
-        value = self.get(*names)
-        if value is None:
-            return None
-        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-
-    def integer(self, *names: str) -> int | None:
-        value = self.get(*names)
-        if value is None or isinstance(value, bool):
-            return None
-        if isinstance(value, int | float):
-            return int(value)
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value)
-        raise ValueError(f"{names[0]} must be an integer, got {value!r}")
-
-    def with_prefix(self, prefix: str) -> dict[str, Any]:
-        found = {k[len(prefix) :]: v for k, v in self._attrs.items() if k.startswith(prefix)}
-        self.consumed.update(prefix + k for k in found)
-        return found
