@@ -17,7 +17,7 @@ import json
 import math
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -38,6 +38,7 @@ __all__ = [
     "DriftAlert",
     "FeedbackAck",
     "FeedbackKind",
+    "HeldSpan",
     "JudgeRequest",
     "JudgeVerdict",
     "LedgerState",
@@ -49,10 +50,14 @@ __all__ = [
     "RewardedTrajectory",
     "Selection",
     "SelectionDecision",
+    "SpanLink",
     "StepKind",
     "StoredVerdict",
     "Tick",
     "ToolCall",
+    "TraceFragment",
+    "TraceHead",
+    "TraceSpan",
     "TrainingMark",
     "Trajectory",
     "UserFeedback",
@@ -582,6 +587,62 @@ class DriftAlert(AvroModel):
     raised_at: UtcDateTime
 
 
+# -- span resolution (OTLP, otlp.resolve = trace; see streams.core.spans) ---------------------
+
+SpanRole = Literal["agent", "llm", "tool", "plain"]
+
+
+class TraceSpan(AvroModel):
+    """One span of an OTLP export, for the span-resolution stage (see the schema's doc)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.TraceSpan"
+    span_id: NonEmpty
+    parent_id: str = ""
+    role: SpanRole = "plain"
+    call_id: str | None = None
+    start: AgentCall | None = None
+    end: AgentCall | None = None
+    step: Completion | None = None
+
+
+class TraceFragment(AvroModel):
+    """The spans of one trace in one export, on ``<p>.spans`` keyed by ``trace_id``."""
+
+    avro_name: ClassVar[str] = "io.trajstream.TraceFragment"
+    trace_id: NonEmpty
+    received_at: UtcDateTime
+    spans: list[TraceSpan] = Field(default_factory=list)
+
+
+class SpanLink(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.SpanLink"
+    span_id: str
+    parent_id: str = ""
+    role: SpanRole = "plain"
+    call_id: str | None = None
+    emitted: bool = False
+
+
+class HeldSpan(AvroModel):
+    avro_name: ClassVar[str] = "io.trajstream.HeldSpan"
+    span_id: str
+    at: UtcDateTime
+    size: int = 0
+
+
+class TraceHead(AvroModel):
+    """Internal: the span-resolution stage's state of one trace (see the schema's doc)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.TraceHead"
+    trace_id: NonEmpty
+    partition: int = -1
+    first_seen: UtcDateTime
+    last_seen: UtcDateTime
+    links: list[SpanLink] = Field(default_factory=list)
+    held: list[HeldSpan] = Field(default_factory=list)
+    ends: list[HeldSpan] = Field(default_factory=list)
+
+
 MODELS: tuple[type[AvroModel], ...] = (
     ToolCall,
     ChatMessage,
@@ -608,5 +669,10 @@ MODELS: tuple[type[AvroModel], ...] = (
     JudgeRequest,
     JudgeVerdict,
     StoredVerdict,
+    TraceSpan,
+    TraceFragment,
+    SpanLink,
+    HeldSpan,
+    TraceHead,
 )
 """Every record model, in dependency order."""

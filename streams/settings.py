@@ -421,6 +421,29 @@ class OtlpSettings(_Section):
         description="a step span whose parent is not in its export: part of that parent's "
         "agent call (agent), or a call of its own (own: for agents with no invoke_agent spans)",
     )
+    resolve: Literal["export", "trace"] = Field(
+        default="export",
+        description="where a step span's call is found: among the ancestors in its own export "
+        "(export), or by the span-resolution stage over the whole trace (trace: the ingest "
+        "publishes every span's parent link to <p>.spans, keyed by trace id)",
+    )
+    settle_s: PositiveFloat = Field(
+        default=5.0,
+        description="trace: how long the span-resolution stage holds an agent call's END so "
+        "that children exported after their agent span still join it",
+    )
+    orphan_after_s: PositiveFloat = Field(
+        default=600.0,
+        description="trace: how long a step waits for its ancestors (at least the longest agent "
+        "run: an agent span is exported when it ends); then an LLM step is a call of its own, "
+        "a tool step a late event",
+    )
+    retention_s: PositiveFloat = Field(
+        default=900.0,
+        description="trace: how long the links of a trace with agent calls are kept after its "
+        "last span, so that a late child finds its call (and is recorded as late, not as a "
+        "call of its own)",
+    )
 
 
 class ObserveSettings(_Section):

@@ -397,4 +397,41 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
     verdict = records[JudgeVerdict]
     assert isinstance(verdict, JudgeVerdict)
     records[StoredVerdict] = StoredVerdict(partition=2, stored_at=at(7), verdict=verdict)
+    records.update(_span_records())
     return records
+
+
+def _span_records() -> dict[type[AvroModel], AvroModel]:
+    """Samples of the span-resolution records (OTLP, otlp.resolve = trace)."""
+    from streams.models import HeldSpan, SpanLink, TraceFragment, TraceHead, TraceSpan
+
+    agent = TraceSpan(
+        span_id="a" * 16,
+        role="agent",
+        call_id="t" * 32 + "-" + "a" * 16,
+        start=start("t" * 32 + "-" + "a" * 16),
+        end=end("t" * 32 + "-" + "a" * 16),
+    )
+    chat = TraceSpan(
+        span_id="b" * 16, parent_id="c" * 16, role="llm", step=step("t" * 32 + "-" + "b" * 16)
+    )
+    plain = TraceSpan(span_id="c" * 16, parent_id="a" * 16)
+    link = SpanLink(span_id="b" * 16, parent_id="c" * 16, role="llm", emitted=True)
+    held = HeldSpan(span_id="b" * 16, at=at(3), size=120)
+    return {
+        TraceSpan: chat,
+        TraceFragment: TraceFragment(
+            trace_id="t" * 32, received_at=at(4), spans=[chat, plain, agent]
+        ),
+        SpanLink: link,
+        HeldSpan: held,
+        TraceHead: TraceHead(
+            trace_id="t" * 32,
+            partition=1,
+            first_seen=at(1),
+            last_seen=at(4),
+            links=[link, SpanLink(span_id="c" * 16, parent_id="a" * 16)],
+            held=[held],
+            ends=[HeldSpan(span_id="a" * 16, at=at(9), size=300)],
+        ),
+    }
