@@ -104,6 +104,12 @@ class Topics:
         return self._t("verdicts")
 
     @property
+    def spans(self) -> str:
+        """OTLP trace fragments keyed by trace id, for the span-resolution stage (``otlp.resolve
+        = trace``; not in :meth:`all` until a worker runs that stage)."""
+        return self._t("spans")
+
+    @property
     def replayed(self) -> str:
         """What replays got acknowledged (1 partition, compacted; created by the first replay
         to Trinity, not by the worker: not in :meth:`all`)."""

@@ -43,7 +43,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from ..core.assembly import SEQ_SPACE
-from ..models import AgentCall, CallPhase, CallStatus, ChatMessage, Completion, StepKind
+from ..models import (
+    AgentCall,
+    CallPhase,
+    CallStatus,
+    ChatMessage,
+    Completion,
+    StepKind,
+    TraceFragment,
+)
 from .otlp_decode import (
     OtlpDecodeError,
     SpanView,
@@ -109,6 +117,9 @@ class Mapped:
     rejected: list[str] = field(default_factory=list)
     """GenAI spans that could not be mapped, each named with the reason."""
     calls: set[str] = field(default_factory=set)
+    fragments: list[TraceFragment] = field(default_factory=list)
+    """With ``otlp.resolve = trace`` (:func:`.otlp_trace.fragment_request`): the export's
+    spans per trace, for the span-resolution stage, instead of ``records``."""
 
     def error_message(self, limit: int = 5) -> str:
         if not self.rejected:
@@ -147,14 +158,14 @@ def map_spans(spans: Iterable[SpanView], *, missing_parent: MissingParent = "age
         if op is None:
             out.ignored += 1
             continue
-        problem = _check_ids(span)
+        problem = check_ids(span)
         if problem:
             out.rejected.append(f"{span.ref}: {problem}")
             continue
         try:
             if op in AGENT_OPERATIONS:
-                call_id = _own_call_id(span)
-                heads.setdefault(call_id, []).extend(_agent_events(span, call_id, op))
+                call_id = own_call_id(span)
+                heads.setdefault(call_id, []).extend(agent_events(span, call_id, op))
                 continue
             kind = StepKind.LLM if op in LLM_OPERATIONS else StepKind.TOOL
             call_id, own = _step_call(span, unique, missing_parent)
@@ -162,8 +173,8 @@ def map_spans(spans: Iterable[SpanView], *, missing_parent: MissingParent = "age
                 if kind is StepKind.TOOL:
                     out.ignored += 1  # a tool outside any agent call trains nothing
                     continue
-                step = _step(span, call_id, kind, op, seq_of(span))
-                heads.setdefault(call_id, []).extend(_single_call_events(span, call_id, step))
+                step = step_of(span, call_id, kind, op, seq_of(span))
+                heads.setdefault(call_id, []).extend(single_call_events(span, call_id, step))
             steps.setdefault(call_id, []).append((span, kind, op))
         except (pydantic.ValidationError, ValueError, TypeError) as exc:
             out.rejected.append(f"{span.ref}: {short(exc)}")
@@ -227,7 +238,7 @@ def _sequenced(
         if previous is not None and not 0 < (seq - previous) % SEQ_SPACE < SEQ_SPACE // 2:
             seq = (previous + 1) % SEQ_SPACE  # same millisecond, tie bits out of time order
         try:
-            steps.append(_step(span, call_id, kind, op, seq))
+            steps.append(step_of(span, call_id, kind, op, seq))
         except (pydantic.ValidationError, ValueError, TypeError) as exc:
             out.rejected.append(f"{span.ref}: {short(exc)}")
             continue
@@ -235,7 +246,7 @@ def _sequenced(
     return steps
 
 
-def _check_ids(span: SpanView) -> str | None:
+def check_ids(span: SpanView) -> str | None:
     if len(span.trace_id) != 32 or span.trace_id == "0" * 32:
         return "trace id must be 16 bytes, not all zero"
     if len(span.span_id) != 16 or span.span_id == "0" * 16:
@@ -249,7 +260,7 @@ def _check_ids(span: SpanView) -> str | None:
     return None
 
 
-def _own_call_id(span: SpanView) -> str:
+def own_call_id(span: SpanView) -> str:
     explicit = span.attributes.get("trajstream.call_id")
     if isinstance(explicit, str) and explicit:
         return explicit
@@ -277,7 +288,7 @@ def _step_call(
         if isinstance(pid, str) and pid:
             return pid, False
         if operation_of(parent.attributes) in AGENT_OPERATIONS:
-            return _own_call_id(parent), False
+            return own_call_id(parent), False
         current = parent
     return f"{span.trace_id}-{span.span_id}", True
 
@@ -295,7 +306,7 @@ def _status(span: SpanView, attrs: Attrs) -> tuple[CallStatus, str | None]:
     return CallStatus.OK, None
 
 
-def _agent_events(span: SpanView, call_id: str, op: str) -> list[AgentCall]:
+def agent_events(span: SpanView, call_id: str, op: str) -> list[AgentCall]:
     attrs = Attrs(span.attributes)
     common: dict[str, Any] = {
         "call_id": call_id,
@@ -336,7 +347,7 @@ def _agent_events(span: SpanView, call_id: str, op: str) -> list[AgentCall]:
     return [start, end]
 
 
-def _single_call_events(span: SpanView, call_id: str, step: Completion) -> list[AgentCall]:
+def single_call_events(span: SpanView, call_id: str, step: Completion) -> list[AgentCall]:
     """START and END of a call of one chat step (a chat span outside any agent span)."""
     attrs = Attrs(span.attributes)
     for name in STEP_KEYS:
@@ -373,7 +384,7 @@ def _single_call_events(span: SpanView, call_id: str, step: Completion) -> list[
     ]
 
 
-def _step(span: SpanView, call_id: str, kind: StepKind, op: str, seq: int) -> Completion:
+def step_of(span: SpanView, call_id: str, kind: StepKind, op: str, seq: int) -> Completion:
     attrs = Attrs(span.attributes)
     common: dict[str, Any] = {
         "event_id": f"otlp:{span.trace_id}:{span.span_id}:step",

@@ -24,12 +24,13 @@ import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..models import AgentCall, Completion
+from ..models import AgentCall, Completion, TraceFragment, utcnow
 from ..settings import Settings
 from .otlp import (
     MissingParent,
@@ -39,13 +40,15 @@ from .otlp import (
     encode_response,
     map_request,
 )
+from .otlp_trace import fragment_request
 
 __all__ = ["OtlpIngest", "Publish", "add_otlp_routes", "run_otlp"]
 
 log = logging.getLogger("trajstream.otlp")
 
-Publish = Callable[[Sequence[AgentCall | Completion]], Awaitable[None]]
-"""Publishes records and returns once the broker has all of them (raises otherwise)."""
+Publish = Callable[[Sequence[AgentCall | Completion | TraceFragment]], Awaitable[None]]
+"""Publishes records and returns once the broker has all of them (raises otherwise): agent
+events keyed by call_id, or (``resolve="trace"``) trace fragments keyed by trace id."""
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -54,6 +57,8 @@ JSON = "application/json"
 # installed) and answers 400 itself for a br or zstd body it cannot decode
 _ENCODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 _GZIP_MAGIC = b"\x1f\x8b"
+
+Resolve = Literal["export", "trace"]
 
 # google.rpc.Status codes used in error bodies
 _INVALID_ARGUMENT, _UNAVAILABLE, _RESOURCE_EXHAUSTED = 3, 14, 8
@@ -68,6 +73,9 @@ class OtlpIngest:
     publish_timeout: float = 5.0
     missing_parent: MissingParent = "agent"
     stats: Counter[str] = field(default_factory=Counter)
+    resolve: Resolve = "export"
+    """``export``: map each export on its own (agent events); ``trace``: publish every span
+    as trace fragments, for the span-resolution stage (:mod:`.otlp_trace`)."""
 
     async def handle(self, request: web.Request) -> web.Response:
         self.stats["requests"] += 1
@@ -116,20 +124,25 @@ class OtlpIngest:
         except OtlpDecodeError as exc:
             self.stats["requests.undecodable"] += 1
             return self._refuse(request, str(exc), media)
-        mapped = map_request(export, missing_parent=self.missing_parent)
-        if mapped.records:
+        if self.resolve == "trace":
+            mapped = fragment_request(export, utcnow())
+            records: Sequence[AgentCall | Completion | TraceFragment] = mapped.fragments
+        else:
+            mapped = map_request(export, missing_parent=self.missing_parent)
+            records = mapped.records
+        if records:
             try:
-                await asyncio.wait_for(self.publish(mapped.records), self.publish_timeout)
+                await asyncio.wait_for(self.publish(records), self.publish_timeout)
             except Exception as exc:  # any failure to publish: the exporter retries
                 self.stats["requests.unavailable"] += 1
-                log.warning("could not publish %d records: %r", len(mapped.records), exc)
+                log.warning("could not publish %d records: %r", len(records), exc)
                 return self._error(
                     503, f"could not publish to Kafka: {exc!r}"[:300], media, _UNAVAILABLE
                 )
         self.stats["spans"] += mapped.spans
         self.stats["spans.ignored"] += mapped.ignored
         self.stats["spans.rejected"] += len(mapped.rejected)
-        self.stats["records"] += len(mapped.records)
+        self.stats["records"] += len(records)
         if mapped.rejected:
             log.info("rejected %d spans: %s", len(mapped.rejected), mapped.error_message())
         payload = encode_response(
@@ -164,6 +177,7 @@ def add_otlp_routes(
     publish_timeout: float = 5.0,
     missing_parent: MissingParent = "agent",
     path: str = "/v1/traces",
+    resolve: Resolve = "export",
 ) -> OtlpIngest:
     """Mount ``POST /v1/traces`` on ``app``; records go to ``publish``.
 
@@ -171,7 +185,7 @@ def add_otlp_routes(
 
         ingest = add_otlp_routes(app, producer.publish_many)
     """
-    ingest = OtlpIngest(publish, max_body, publish_timeout, missing_parent)
+    ingest = OtlpIngest(publish, max_body, publish_timeout, missing_parent, resolve=resolve)
     app.router.add_post(path, ingest.handle)
     return ingest
 
@@ -261,6 +275,7 @@ async def run_otlp(
             max_body=cfg.max_body_bytes,
             publish_timeout=cfg.publish_timeout_s,
             missing_parent=cfg.missing_parent,
+            resolve=cfg.resolve,
         )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

@@ -42,6 +42,7 @@ from ..models import (
     Completion,
     FeedbackKind,
     StepKind,
+    TraceFragment,
     TrainingMark,
     UserFeedback,
     utcnow,
@@ -49,7 +50,7 @@ from ..models import (
 from ..settings import KafkaSecuritySettings
 from ..topics import Topics
 
-__all__ = ["CallRecorder", "TrajstreamProducer", "new_id", "topic_for"]
+__all__ = ["CallRecorder", "TrajstreamProducer", "key_of", "new_id", "topic_for"]
 
 
 def new_id() -> str:
@@ -62,7 +63,16 @@ def topic_for(record: AvroModel, topics: Topics) -> str:
         return topics.agent_events
     if isinstance(record, UserFeedback):
         return topics.user_feedback
+    if isinstance(record, TraceFragment):
+        return topics.spans
     raise TypeError(f"{type(record).__name__} is not published by agents")
+
+
+def key_of(record: AgentCall | Completion | UserFeedback | TraceFragment) -> bytes:
+    """The record's key: its call_id (a trace fragment: its trace id)."""
+    if isinstance(record, TraceFragment):
+        return record.trace_id.encode()
+    return record.call_id.encode()
 
 
 class TrajstreamProducer:
@@ -110,11 +120,13 @@ class TrajstreamProducer:
         if wait:
             await future
 
-    async def publish_many(self, records: Sequence[AgentCall | Completion | UserFeedback]) -> None:
+    async def publish_many(
+        self, records: Sequence[AgentCall | Completion | UserFeedback | TraceFragment]
+    ) -> None:
         """Publish records in order and wait until the broker has all of them."""
         futures = [
             await self._producer.send(
-                topic_for(r, self.topics), key=r.call_id.encode(), value=self.codec.encode(r)
+                topic_for(r, self.topics), key=key_of(r), value=self.codec.encode(r)
             )
             for r in records
         ]
