@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,20 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def otlp_url(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> Iterator[str]:
     """``trajstream otlp`` as a process, on a free port; its URL."""
+    with otlp_process(kafka_bootstrap, prefix, tmp_path) as url:
+        yield url
+
+
+@contextmanager
+def otlp_process(bootstrap: str, prefix: str, tmp_path: Path, **settings: str) -> Iterator[str]:
+    """``trajstream otlp`` with these settings (``TRAJSTREAM_...`` variables), until the block
+    ends; its URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
     env.update(
-        TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap,
+        TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
         TRAJSTREAM_KAFKA__TOPIC_PREFIX=prefix,
         PYTHONUNBUFFERED="1",
+        **settings,
     )
     out, log = tmp_path / "otlp.out", tmp_path / "otlp.log"
     with out.open("wb") as stdout, log.open("wb") as stderr:
