@@ -140,6 +140,8 @@ class ChatMessage(AvroModel):
     name: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
+    reasoning: str | None = None
+    """role=assistant: the model's reasoning before the message, apart from its content."""
 
 
 class TrainingMark(AvroModel):

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..models import ChatMessage, Completion, StepKind, ToolCall
 
-__all__ = ["StreamAssembler", "llm_step", "steps_of_request", "to_chat_message"]
+__all__ = ["StreamAssembler", "llm_step", "reasoning_of", "steps_of_request", "to_chat_message"]
 
 
 # -- pure translation: OpenAI JSON -> records -------------------------------------------------
@@ -55,7 +55,8 @@ def _tool_calls(raw: Any) -> list[ToolCall]:
 
 
 def to_chat_message(message: dict[str, Any]) -> ChatMessage:
-    """One OpenAI message as a record (text content; tool calls with ids and arguments)."""
+    """One OpenAI message as a record (text content; tool calls with ids and arguments; the
+    reasoning an OpenAI-compatible server returns as ``reasoning_content`` or ``reasoning``)."""
     name = message.get("name")
     call_id = message.get("tool_call_id")
     return ChatMessage(
@@ -64,7 +65,17 @@ def to_chat_message(message: dict[str, Any]) -> ChatMessage:
         name=name if isinstance(name, str) else None,
         tool_calls=_tool_calls(message.get("tool_calls")),
         tool_call_id=call_id if isinstance(call_id, str) else None,
+        reasoning=reasoning_of(message),
     )
+
+
+def reasoning_of(message: dict[str, Any]) -> str | None:
+    """A chat message's reasoning: ``reasoning_content`` (vLLM, DeepSeek) or ``reasoning``."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def steps_of_request(call_id: str, messages: list[dict[str, Any]], now: Any) -> list[Completion]:
@@ -180,11 +191,13 @@ class StreamAssembler:
             if not isinstance(c, dict):
                 continue
             choice = self._choices.setdefault(
-                int(c.get("index", 0)), {"content": "", "tool_calls": {}, "finish_reason": None}
+                int(c.get("index", 0)),
+                {"content": "", "reasoning": "", "tool_calls": {}, "finish_reason": None},
             )
             delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
             if isinstance(delta.get("content"), str):
                 choice["content"] += delta["content"]
+            choice["reasoning"] += reasoning_of(delta) or ""
             for t in delta.get("tool_calls") or []:
                 if not isinstance(t, dict):
                     continue
@@ -204,6 +217,8 @@ class StreamAssembler:
         for index in sorted(self._choices):
             c = self._choices[index]
             message: dict[str, Any] = {"role": "assistant", "content": c["content"]}
+            if c["reasoning"]:
+                message["reasoning_content"] = c["reasoning"]
             if c["tool_calls"]:
                 message["tool_calls"] = [
                     {
