@@ -34,7 +34,7 @@ from typing import Any
 
 from ..chat import StreamAssembler
 from .common import ParsedRequest, as_dict
-from .responses import (
+from .responses_json import (
     function_call_item,
     item_ids,
     message_item,
