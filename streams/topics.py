@@ -24,6 +24,7 @@ topic                         partitions  records
 <prefix>.judge-requests       N           JudgeRequest (reward stage -> judge stage)
 <prefix>.verdicts             N           JudgeVerdict (compacted, keyed by call_id)
 <prefix>.replayed             1           FeedbackAck, CommitRecord, LedgerState per replay id
+<prefix>.spans                N           TraceFragment keyed by trace id (otlp.resolve = trace)
 ============================  ==========  =========================================
 
 May import: the standard library (``create_topics`` defers to :mod:`streams.io.kafka`).
