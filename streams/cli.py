@@ -1,6 +1,6 @@
 """``trajstream``: the one command line entry point.
 
-    trajstream broker start|stop|status|run   the local single-node Kafka (no Docker needed)
+    trajstream broker start|stop|status|run   the local Kafka, one node or --brokers N (no Docker)
     trajstream topics                         create the deployment's topics
     trajstream worker                         run a stream worker (add more to scale out)
     trajstream produce FILE...                publish JSON-lines agent events
@@ -66,7 +66,7 @@ def _bootstrap(settings: Settings) -> str:
             "no Kafka: set kafka.bootstrap_servers [TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS or "
             "KAFKA_BOOTSTRAP_SERVERS], or start the local broker with `trajstream broker start`"
         )
-    return state.bootstrap
+    return state.bootstrap_servers
 
 
 def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
@@ -93,13 +93,23 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.sasl_ssl and args.action != "run":
         raise ConfigError("--sasl-ssl is for `trajstream broker run` (a foreground broker)")
+    if args.brokers < 1:
+        raise ConfigError(f"--brokers must be at least 1, not {args.brokers}")
+    if args.sasl_ssl and args.brokers > 1:
+        raise ConfigError("--sasl-ssl runs one broker: leave out --brokers")
     if args.action == "start":
-        state = broker.start_detached(settings.cache_dir, port=args.port)
+        state = broker.start_detached(settings.cache_dir, port=args.port, brokers=args.brokers)
         if args.port is None and state.port != broker.DEFAULT_DETACHED_PORT:
             print(
                 f"port {broker.DEFAULT_DETACHED_PORT} is busy; using {state.port}", file=sys.stderr
             )
-        print(state.bootstrap)
+        if len(state.nodes) != args.brokers:
+            print(
+                f"a local broker of {len(state.nodes)} node(s) is running already; stop it "
+                f"first for one of {args.brokers}",
+                file=sys.stderr,
+            )
+        print(state.bootstrap_servers)
         return 0
     if args.action == "stop":
         stopped = broker.stop_detached(settings.cache_dir)
@@ -110,9 +120,21 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
         if running is None:
             print("not running")
             return 1
-        print(f"running: {running.bootstrap} (pid {running.pid}, Kafka {running.kafka_version})")
+        pids = ", ".join(str(n.pid) for n in running.nodes)
+        print(
+            f"running: {running.bootstrap_servers} (pid {pids}, Kafka {running.kafka_version})"
+        )
         return 0
     # run: in the foreground until interrupted
+    if args.brokers > 1:
+        with broker.LocalCluster(settings.cache_dir, brokers=args.brokers) as cluster:
+            print(cluster.bootstrap_servers, flush=True)
+            try:
+                while True:
+                    asyncio.run(asyncio.sleep(3600))
+            except KeyboardInterrupt:
+                pass
+        return 0
     with broker.LocalBroker(settings.cache_dir, port=args.port or 0, sasl_ssl=args.sasl_ssl) as b:
         print(b.start(), flush=True)
         if args.sasl_ssl:
@@ -518,8 +540,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="settings file (.toml or .yaml)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("broker", help="the local single-node Kafka broker (fetched with Maven)")
+    p = sub.add_parser("broker", help="the local Kafka broker or cluster (fetched with Maven)")
     p.add_argument("action", choices=["start", "stop", "status", "run"])
+    p.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="start/run: a cluster of N brokers (a KRaft controller quorum of N; 3 for "
+        "replication factor 3 with min.insync.replicas 2)",
+    )
     p.add_argument("--port", type=int, default=None, help="listener port (start: 9092 if free)")
     p.add_argument(
         "--sasl-ssl",

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from streams.devtools import broker as broker_module
 from streams.devtools.broker import (
     KAFKA_VERSION,
     BrokerState,
@@ -33,6 +32,7 @@ from streams.devtools.broker import (
     status,
     stop_detached,
 )
+from streams.devtools.broker import process as process_module
 from streams.errors import BrokerError
 
 POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
@@ -149,7 +149,7 @@ def test_free_port_is_bindable_and_taken_port_is_not() -> None:
 
 
 def test_free_ports_are_distinct() -> None:
-    ports = broker_module._free_ports("127.0.0.1", 5)
+    ports = process_module.free_ports("127.0.0.1", 5)
     assert len(set(ports)) == 5
 
 
@@ -230,7 +230,7 @@ async def test_run_coroutine_works_inside_a_running_loop() -> None:
     async def answer() -> int:
         return 42
 
-    assert broker_module._run_coroutine(answer) == 42
+    assert process_module.run_coroutine(answer) == 42
 
 
 # --- detached state ---------------------------------------------------------------------
