@@ -81,8 +81,19 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
             settings.kafka.replication_factor,
             security=settings.kafka.security,
             configs=topics.configs(),
+            min_insync_replicas=settings.kafka.min_insync,
         )
     )
+
+
+def _registry(settings: Settings, writes: list[str] | None = None) -> Any:
+    """With ``kafka.schema_registry`` set: check and register the subjects of the topics this
+    command writes, and let it read Confluent's wire format (:mod:`streams.io.registry`)."""
+    from .io.registry import connect
+    from .topics import Topics
+
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+    return connect(settings.kafka.schema_registry, topics=topics, writes=writes or [])
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -176,7 +187,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)
-    pipeline = Pipeline(settings, bootstrap=bootstrap)  # binds observe.port (or fails here)
+    topics_of = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+    registered = _registry(settings, topics_of.worker_writes())  # refuses a bad subject here
+    pipeline = Pipeline(  # binds observe.port (or fails here)
+        settings, bootstrap=bootstrap, framing=registered.framing if registered else None
+    )
     # Before faust starts: on a fresh cluster, or right after faust creates the changelog
     # topics, its clients log "topic not found" and "coordinator not available" errors while
     # they retry, and the first assignment skips the changelogs it cannot see yet.
@@ -190,6 +205,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             settings.kafka.replication_factor,
             security=settings.kafka.security,
             configs={name: config for name, (_, config) in changelogs.items()},
+            min_insync_replicas=settings.kafka.min_insync,
         )
         await wait_until_ready(
             bootstrap,
@@ -255,6 +271,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
             topic_prefix=settings.kafka.topic_prefix,
             partitions=settings.kafka.partitions,
             security=settings.kafka.security,
+            schema_registry=settings.kafka.schema_registry,
         ) as producer:
             await producer.publish_many(events)
 
@@ -297,6 +314,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
                 topic_prefix=settings.kafka.topic_prefix,
                 partitions=settings.kafka.partitions,
                 security=settings.kafka.security,
+                schema_registry=settings.kafka.schema_registry,
             ) as producer,
             TrinityClient.from_settings(settings.trinity) as trinity,
         ):
@@ -330,6 +348,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     from .topics import Topics
 
     bootstrap = resolve_bootstrap(settings)
+    _registry(settings)  # reads Confluent's wire format with a schema registry
     topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).decisions
     codec = SchemaRegistry.default()
 
@@ -379,6 +398,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from .observe.status import collect, render
 
     bootstrap = resolve_bootstrap(settings)
+    _registry(settings)  # reads Confluent's wire format with a schema registry
     if args.web:
         from .observe.pages import serve_pages
 
@@ -414,6 +434,7 @@ def cmd_commits_resume(args: argparse.Namespace, settings: Settings) -> int:
     )
     topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger
     key = f"{args.agent or '*'}|{args.model or '*'}".encode()
+    _registry(settings, [topic])  # its producer then writes the ledger's wire format
 
     async def publish() -> None:
         client = producer(bootstrap, settings.kafka.security)
@@ -471,7 +492,14 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         lookback_s=args.lookback,
     )
     options.validate()
-    result = asyncio.run(run_replay(settings, resolve_bootstrap(settings), options))
+    bootstrap = resolve_bootstrap(settings)
+    from .topics import Topics
+
+    topics = Topics(prefix, settings.kafka.partitions)
+    # reads either encoding; writes <p>.verdicts (a judge asked, also on a dry run) and, to
+    # Trinity, <p>.replayed in the wire format
+    _registry(settings, [topics.verdicts, *([topics.replayed] if "trinity" in options.to else [])])
+    result = asyncio.run(run_replay(settings, bootstrap, options))
     return 1 if result.rejected else 0
 
 
@@ -511,6 +539,11 @@ def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
         update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})}
     )
     build_gateway(settings)  # bad settings fail here, before anything listens
+    from .topics import Topics
+
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+    # with a schema registry: its subjects checked here; its producer writes the wire format
+    _registry(settings, [topics.agent_events, topics.user_feedback])
 
     def ready(url: str) -> None:
         print(
