@@ -93,7 +93,9 @@ def _registry(settings: Settings, writes: list[str] | None = None) -> Any:
     from .topics import Topics
 
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
-    return connect(settings.kafka.schema_registry, topics=topics, writes=writes or [])
+    return connect(
+        settings.kafka.schema_registry, topics=topics, writes=writes or [], install=True
+    )
 
 
 # -- commands ------------------------------------------------------------------------------

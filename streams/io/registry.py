@@ -240,10 +240,15 @@ def connect(
     writes: Iterable[str] = (),
     codec: SchemaRegistry | None = None,
     transport: httpx.BaseTransport | None = None,
+    install: bool = False,
 ) -> Registered | None:
     """Check and register the subjects of the topics ``writes`` names, and let ``codec`` (the
     process's default) read the wire format through the registry. None without a registry
-    (``kafka.schema_registry`` unset): behaviour as before, single-object encoding only."""
+    (``kafka.schema_registry`` unset): behaviour as before, single-object encoding only.
+
+    ``install`` (what a command's process does, not a library): every producer that
+    :func:`streams.io.kafka.producer` builds in this process from now on writes the wire
+    format; otherwise the caller applies :attr:`Registered.framing` itself (as the SDK does)."""
     if settings is None:
         return None
     codec = codec or SchemaRegistry.default()
@@ -284,7 +289,8 @@ def connect(
             ", ".join(f"{subject} id {i}" for subject, i in ids.items()),
         )
     framing = TopicFraming(prefixes) if settings.framing == "confluent" else None
-    use_framing(framing)  # every producer this process builds from now on
+    if install:
+        use_framing(framing)  # every producer this process builds from now on
     return Registered(client, ids, framing)
 
 
