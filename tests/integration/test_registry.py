@@ -219,3 +219,46 @@ async def test_an_incompatible_schema_change_is_refused_with_the_registry_messag
     message = str(refused.value)
     assert subject in message and "incompatible" in message.lower(), message
     assert required["name"] in message, f"the registry's message names the field: {message}"
+
+
+@pytest.mark.timeout(180)
+async def test_the_gateway_process_writes_the_wire_format(
+    kafka_bootstrap: str, schema_registry: str, prefix: str, standin: Any, tmp_path: Path
+) -> None:
+    """`trajstream gateway` with a registry: its subjects registered at start, its records
+    (through its spilling publisher) in Confluent's wire format, readable without trajstream."""
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from .cluster_chaos import GatewayProcess, GatewayTraffic
+
+    env = registry_env(kafka_bootstrap, prefix, schema_registry, tmp_path)
+    env.update(
+        TRAJSTREAM_TRINITY__URL=standin.url,
+        TRAJSTREAM_SELECTION__STRATEGY="sampling:1",
+        TRAJSTREAM_GATEWAY__PRODUCTION_URL=f"{standin.url}/v1",
+        TRAJSTREAM_GATEWAY__SPILL_DIR=str(tmp_path / "spill"),
+    )
+    gateway = GatewayProcess(env, tmp_path / "gateway.log").start()
+    try:
+        await gateway.ready()
+        traffic = GatewayTraffic(gateway.url)
+        async with httpx.AsyncClient(timeout=30) as http:
+            for i in range(3):
+                await traffic._call(http, f"gw-{i}")
+        topic = f"{prefix}.agent-events"
+        reader = generic_reader(schema_registry)
+        values: list[bytes] = []
+        for _ in range(40):
+            values = await read_all(kafka_bootstrap, topic, idle_s=1.0)
+            if len(values) >= 12:  # 3 calls x START, 2 steps, END
+                break
+            await asyncio.sleep(0.5)
+        assert len(values) >= 12 and all(v[0] == 0 for v in values), values[:2]
+        context = SerializationContext(topic, MessageField.VALUE)
+        seen = {reader(v, context)["call_id"] for v in values}
+        assert seen == {"gw-0", "gw-1", "gw-2"}
+    except BaseException:
+        print(gateway.log.read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        gateway.stop()
