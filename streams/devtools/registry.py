@@ -35,7 +35,7 @@ import time
 import weakref
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import httpx
 
@@ -105,7 +105,7 @@ class LocalRegistry:
         self.heap = heap
         self.port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._finalizer: weakref.finalize[..., None] | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._dir: Path | None = None
 
     @property

@@ -42,7 +42,7 @@ def install_idempotence() -> None:
     faust_aiokafka.Producer._settings_extra = _settings_extra  # type: ignore[method-assign]
 
 
-class FramingSchema(faust.Schema):
+class FramingSchema(faust.Schema[bytes, bytes]):
     """Raw bytes in and out; on the way out, ``framing`` puts ``topic``'s wire format on."""
 
     def __init__(self, topic: str, framing: TopicFraming) -> None:
@@ -61,7 +61,7 @@ class FramingSchema(faust.Schema):
         return payload, headers
 
 
-def raw_schema(topic: str, framing: TopicFraming | None) -> faust.Schema:
+def raw_schema(topic: str, framing: TopicFraming | None) -> faust.Schema[bytes, bytes]:
     """The schema of one of the worker's raw topics."""
     if framing is None:
         return faust.Schema(

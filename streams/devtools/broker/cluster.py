@@ -57,7 +57,7 @@ CLUSTER_JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:ActiveProcessorCount=2", "-Xss51
 _REPLICA_STATE = (("replica_id", Int32), ("log_end_offset", Int64), ("tags", TaggedFields))
 
 
-class DescribeQuorumResponse_v0(Response):
+class DescribeQuorumResponse_v0(Response):  # type: ignore[misc]
     API_KEY = 55
     API_VERSION = 0
     SCHEMA = Schema(
@@ -92,7 +92,7 @@ class DescribeQuorumResponse_v0(Response):
     )
 
 
-class DescribeQuorumRequest_v0(RequestStruct):
+class DescribeQuorumRequest_v0(RequestStruct):  # type: ignore[misc]
     FLEXIBLE_VERSION = True
     API_KEY = 55
     API_VERSION = 0
@@ -113,7 +113,7 @@ class DescribeQuorumRequest_v0(RequestStruct):
 DescribeQuorumRequestStruct: TypeAlias = DescribeQuorumRequest_v0
 
 
-class DescribeQuorumRequest(Request[DescribeQuorumRequestStruct]):
+class DescribeQuorumRequest(Request[DescribeQuorumRequestStruct]):  # type: ignore[misc]
     """The metadata log's quorum: who leads it (the active controller)."""
 
     API_KEY = 55
