@@ -79,6 +79,7 @@ async def main(args: argparse.Namespace) -> int:
                     rounds=[target],
                     down_s=args.down_s,
                     after_s=args.after_s,
+                    first=i + 1,
                 )
         finally:
             traffic.stop.set()

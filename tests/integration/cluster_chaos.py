@@ -186,11 +186,12 @@ async def kill_rounds(
     down_s: float,
     after_s: float,
     log: Callable[[str], None] = print,
+    first: int = 1,
 ) -> list[tuple[str, int]]:
     """Each round: SIGKILL the ``leader`` of ``topic``[0] or the active ``controller``, traffic
     for ``down_s`` without it, start it again, wait until fully replicated, ``after_s`` more."""
     killed: list[tuple[str, int]] = []
-    for i, target in enumerate(rounds):
+    for i, target in enumerate(rounds, start=first - 1):
         if target == "leader":
             node = await asyncio.to_thread(cluster.leader_of, topic, 0)
         else:
