@@ -1,6 +1,6 @@
 """``trajstream``: the one command line entry point.
 
-    trajstream broker start|stop|status|run   the local single-node Kafka (no Docker needed)
+    trajstream broker start|stop|status|run   the local Kafka, one node or --brokers N (no Docker)
     trajstream topics                         create the deployment's topics
     trajstream worker                         run a stream worker (add more to scale out)
     trajstream produce FILE...                publish JSON-lines agent events
@@ -66,7 +66,7 @@ def _bootstrap(settings: Settings) -> str:
             "no Kafka: set kafka.bootstrap_servers [TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS or "
             "KAFKA_BOOTSTRAP_SERVERS], or start the local broker with `trajstream broker start`"
         )
-    return state.bootstrap
+    return state.bootstrap_servers
 
 
 def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
@@ -81,7 +81,20 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
             settings.kafka.replication_factor,
             security=settings.kafka.security,
             configs=topics.configs(),
+            min_insync_replicas=settings.kafka.min_insync,
         )
+    )
+
+
+def _registry(settings: Settings, writes: list[str] | None = None) -> Any:
+    """With ``kafka.schema_registry`` set: check and register the subjects of the topics this
+    command writes, and let it read Confluent's wire format (:mod:`streams.io.registry`)."""
+    from .io.registry import connect
+    from .topics import Topics
+
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+    return connect(
+        settings.kafka.schema_registry, topics=topics, writes=writes or [], install=True
     )
 
 
@@ -93,13 +106,23 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.sasl_ssl and args.action != "run":
         raise ConfigError("--sasl-ssl is for `trajstream broker run` (a foreground broker)")
+    if args.brokers < 1:
+        raise ConfigError(f"--brokers must be at least 1, not {args.brokers}")
+    if args.sasl_ssl and args.brokers > 1:
+        raise ConfigError("--sasl-ssl runs one broker: leave out --brokers")
     if args.action == "start":
-        state = broker.start_detached(settings.cache_dir, port=args.port)
+        state = broker.start_detached(settings.cache_dir, port=args.port, brokers=args.brokers)
         if args.port is None and state.port != broker.DEFAULT_DETACHED_PORT:
             print(
                 f"port {broker.DEFAULT_DETACHED_PORT} is busy; using {state.port}", file=sys.stderr
             )
-        print(state.bootstrap)
+        if len(state.nodes) != args.brokers:
+            print(
+                f"a local broker of {len(state.nodes)} node(s) is running already; stop it "
+                f"first for one of {args.brokers}",
+                file=sys.stderr,
+            )
+        print(state.bootstrap_servers)
         return 0
     if args.action == "stop":
         stopped = broker.stop_detached(settings.cache_dir)
@@ -110,9 +133,21 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
         if running is None:
             print("not running")
             return 1
-        print(f"running: {running.bootstrap} (pid {running.pid}, Kafka {running.kafka_version})")
+        pids = ", ".join(str(n.pid) for n in running.nodes)
+        print(
+            f"running: {running.bootstrap_servers} (pid {pids}, Kafka {running.kafka_version})"
+        )
         return 0
     # run: in the foreground until interrupted
+    if args.brokers > 1:
+        with broker.LocalCluster(settings.cache_dir, brokers=args.brokers) as cluster:
+            print(cluster.bootstrap_servers, flush=True)
+            try:
+                while True:
+                    asyncio.run(asyncio.sleep(3600))
+            except KeyboardInterrupt:
+                pass
+        return 0
     with broker.LocalBroker(settings.cache_dir, port=args.port or 0, sasl_ssl=args.sasl_ssl) as b:
         print(b.start(), flush=True)
         if args.sasl_ssl:
@@ -154,7 +189,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     bootstrap = resolve_bootstrap(settings)
     _ensure_topics(settings, bootstrap)
     (settings.data_dir / settings.app_id).mkdir(parents=True, exist_ok=True)
-    pipeline = Pipeline(settings, bootstrap=bootstrap)  # binds observe.port (or fails here)
+    topics_of = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+    registered = _registry(settings, topics_of.worker_writes())  # refuses a bad subject here
+    pipeline = Pipeline(  # binds observe.port (or fails here)
+        settings, bootstrap=bootstrap, framing=registered.framing if registered else None
+    )
     # Before faust starts: on a fresh cluster, or right after faust creates the changelog
     # topics, its clients log "topic not found" and "coordinator not available" errors while
     # they retry, and the first assignment skips the changelogs it cannot see yet.
@@ -168,6 +207,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             settings.kafka.replication_factor,
             security=settings.kafka.security,
             configs={name: config for name, (_, config) in changelogs.items()},
+            min_insync_replicas=settings.kafka.min_insync,
         )
         await wait_until_ready(
             bootstrap,
@@ -233,6 +273,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
             topic_prefix=settings.kafka.topic_prefix,
             partitions=settings.kafka.partitions,
             security=settings.kafka.security,
+            schema_registry=settings.kafka.schema_registry,
         ) as producer:
             await producer.publish_many(events)
 
@@ -275,6 +316,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
                 topic_prefix=settings.kafka.topic_prefix,
                 partitions=settings.kafka.partitions,
                 security=settings.kafka.security,
+                schema_registry=settings.kafka.schema_registry,
             ) as producer,
             TrinityClient.from_settings(settings.trinity) as trinity,
         ):
@@ -308,6 +350,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     from .topics import Topics
 
     bootstrap = resolve_bootstrap(settings)
+    _registry(settings)  # reads Confluent's wire format with a schema registry
     topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).decisions
     codec = SchemaRegistry.default()
 
@@ -357,6 +400,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from .observe.status import collect, render
 
     bootstrap = resolve_bootstrap(settings)
+    _registry(settings)  # reads Confluent's wire format with a schema registry
     if args.web:
         from .observe.pages import serve_pages
 
@@ -392,6 +436,7 @@ def cmd_commits_resume(args: argparse.Namespace, settings: Settings) -> int:
     )
     topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger
     key = f"{args.agent or '*'}|{args.model or '*'}".encode()
+    _registry(settings, [topic])  # its producer then writes the ledger's wire format
 
     async def publish() -> None:
         client = producer(bootstrap, settings.kafka.security)
@@ -449,7 +494,14 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         lookback_s=args.lookback,
     )
     options.validate()
-    result = asyncio.run(run_replay(settings, resolve_bootstrap(settings), options))
+    bootstrap = resolve_bootstrap(settings)
+    from .topics import Topics
+
+    topics = Topics(prefix, settings.kafka.partitions)
+    # reads either encoding; writes <p>.verdicts (a judge asked, also on a dry run) and, to
+    # Trinity, <p>.replayed in the wire format
+    _registry(settings, [topics.verdicts, *([topics.replayed] if "trinity" in options.to else [])])
+    result = asyncio.run(run_replay(settings, bootstrap, options))
     return 1 if result.rejected else 0
 
 
@@ -489,6 +541,11 @@ def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
         update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})}
     )
     build_gateway(settings)  # bad settings fail here, before anything listens
+    from .topics import Topics
+
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+    # with a schema registry: its subjects checked here; its producer writes the wire format
+    _registry(settings, [topics.agent_events, topics.user_feedback])
 
     def ready(url: str) -> None:
         print(
@@ -518,8 +575,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="settings file (.toml or .yaml)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("broker", help="the local single-node Kafka broker (fetched with Maven)")
+    p = sub.add_parser("broker", help="the local Kafka broker or cluster (fetched with Maven)")
     p.add_argument("action", choices=["start", "stop", "status", "run"])
+    p.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="start/run: a cluster of N brokers (a KRaft controller quorum of N; 3 for "
+        "replication factor 3 with min.insync.replicas 2)",
+    )
     p.add_argument("--port", type=int, default=None, help="listener port (start: 9092 if free)")
     p.add_argument(
         "--sasl-ssl",

@@ -11,13 +11,21 @@ versions are added with :meth:`SchemaRegistry.register_writer`; a record written
 the registry does not know is a :class:`~streams.errors.DecodeError` (it goes to the
 dead-letter topic and can be replayed once the schema is registered), never a guess.
 
+Records in Confluent's wire format (written when ``kafka.schema_registry`` is set; the layouts
+in :mod:`streams.wire`) are read too: the schema id is looked up once through the callable
+given to :meth:`SchemaRegistry.use_schema_lookup` (the registry client of
+:mod:`streams.io.registry`) and cached, and a union schema's branch index picks the record
+type. So every reader takes both encodings. :meth:`SchemaRegistry.encode` always writes the
+single-object encoding (the tables' changelogs keep it); the writers to topics put the wire
+format's header in front of it (:class:`streams.wire.TopicFraming`).
+
 Example::
 
     codec = SchemaRegistry.default()
     data = codec.encode(call)            # bytes for Kafka
     again = codec.decode(data)           # the same AgentCall
 
-May import: fastavro, pydantic, :mod:`streams.models`, :mod:`streams.errors`.
+May import: fastavro, pydantic, :mod:`streams.models`, :mod:`streams.wire`, :mod:`streams.errors`.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +42,7 @@ import fastavro
 import pydantic
 from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_canonical_form
 
+from . import wire
 from .errors import DecodeError, ValidationError
 from .models import MODELS, AvroModel
 
@@ -89,6 +98,10 @@ class SchemaRegistry:
             self._by_fingerprint[writer.fingerprint] = writer
             self._readers[model.avro_name] = parsed
         self._model_of: dict[str, type[AvroModel]] = {m.avro_name: m for m in self._by_model}
+        # Confluent's wire format: schema id -> the fingerprints of its record(s) (a union
+        # schema has one per branch), learnt through the lookup (schema id -> schema text)
+        self._by_schema_id: dict[int, tuple[bytes, ...]] = {}
+        self._schema_lookup: Callable[[int], str] | None = None
 
     @classmethod
     def default(cls) -> SchemaRegistry:
@@ -100,6 +113,10 @@ class SchemaRegistry:
 
     def fingerprint_of(self, model: type[AvroModel]) -> bytes:
         return self._by_model[model].fingerprint
+
+    def fingerprint_of_name(self, name: str) -> bytes:
+        """The fingerprint of this code's schema of the record ``name`` (Avro full name)."""
+        return self.fingerprint_of(self._model_of[name])
 
     def register_writer(self, schema: dict[str, Any] | str) -> bytes:
         """Teach the registry another version of a record's schema (e.g. from a newer producer).
@@ -119,6 +136,70 @@ class SchemaRegistry:
         writer = _Writer(name, parsed, model)
         self._by_fingerprint.setdefault(writer.fingerprint, writer)
         return writer.fingerprint
+
+    def use_schema_lookup(self, lookup: Callable[[int], str] | None) -> None:
+        """Read Confluent's wire format: ``lookup`` gives the schema text of a schema id (it
+        may raise :class:`~streams.errors.TrajstreamError`; that record is then a
+        DecodeError). None: such records are refused, naming the missing setting."""
+        self._schema_lookup = lookup
+
+    def registration_schema(self, names: Sequence[str]) -> str:
+        """The schema to register for a topic that carries the records ``names`` (Avro full
+        names): the record's schema, or a union of them in this order for several; named types
+        defined once, docs and defaults kept (a registry's compatibility check needs them)."""
+        schemas = [
+            load_schema(str(self.directory / f"{name}.avsc"), _write_hint=False)
+            for name in names
+        ]
+        tree = schemas[0] if len(schemas) == 1 else schemas
+        text = json.dumps(_define_once(tree, set()), separators=(",", ":"))
+        # the same JSON: Apicurio 3.3's ccompat API cannot tell the type of a schema whose
+        # text holds the string "{}" (a default), but reads it escaped
+        return _EMPTY_OBJECT_STRING.sub(r'"\\u007b\\u007d"', text)
+
+    def _learn_schema_id(self, schema_id: int) -> tuple[bytes, ...]:
+        known = self._by_schema_id.get(schema_id)
+        if known is not None:
+            return known
+        if self._schema_lookup is None:
+            raise DecodeError(
+                f"a record in Confluent's wire format (schema id {schema_id}), and no schema "
+                "registry to look it up: set kafka.schema_registry.url "
+                "[TRAJSTREAM_KAFKA__SCHEMA_REGISTRY__URL]"
+            )
+        try:
+            text = self._schema_lookup(schema_id)
+            raw = json.loads(text)
+            if isinstance(raw, list):  # a topic's union: every branch self-contained
+                expanded = parse_schema(raw, expand=True, _write_hint=False)
+                branches = tuple(
+                    self.register_writer(_define_once(branch, set())) for branch in expanded
+                )
+            else:
+                branches = (self.register_writer(raw),)
+        except DecodeError:
+            raise
+        except Exception as exc:  # the registry unreachable, or a schema fastavro refuses
+            raise DecodeError(f"schema id {schema_id}: {exc}") from exc
+        self._by_schema_id[schema_id] = branches
+        return branches
+
+    def _confluent_writer(self, data: bytes) -> tuple[_Writer, int]:
+        schema_id = wire.read_confluent(data)
+        branches = self._learn_schema_id(schema_id)
+        offset = wire.CONFLUENT_HEADER
+        index = 0
+        if len(branches) > 1:
+            index, offset = wire.read_varint(data, offset)
+            if not 0 <= index < len(branches):
+                raise DecodeError(
+                    f"corrupt record: union branch {index} of schema id {schema_id}, which has "
+                    f"{len(branches)}"
+                )
+        writer = self._by_fingerprint.get(branches[index])
+        if writer is None:  # pragma: no cover - register_writer put it there
+            raise DecodeError(f"schema id {schema_id}: unknown writer")
+        return writer, offset
 
     # -- encoding ---------------------------------------------------------------------------
 
@@ -145,26 +226,31 @@ class SchemaRegistry:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")
         data = bytes(data)
-        if len(data) < _HEADER or data[:2] != MAGIC:
+        if wire.is_confluent(data):
+            writer, header = self._confluent_writer(data)
+        elif len(data) < _HEADER or data[:2] != MAGIC:
             raise DecodeError(
-                "not an Avro single-object record (missing the C3 01 header); "
-                "publish with the trajstream SDK or `trajstream produce`"
+                "not an Avro single-object record (missing the C3 01 header) nor one in "
+                "Confluent's wire format; publish with the trajstream SDK or `trajstream produce`"
             )
-        writer = self._by_fingerprint.get(data[2:_HEADER])
-        if writer is None:
-            raise DecodeError(
-                f"unknown writer schema fingerprint {data[2:_HEADER].hex()}; "
-                "register the producer's schema (newer schema version?)"
-            )
+        else:
+            header = _HEADER
+            found = self._by_fingerprint.get(data[2:_HEADER])
+            if found is None:
+                raise DecodeError(
+                    f"unknown writer schema fingerprint {data[2:_HEADER].hex()}; "
+                    "register the producer's schema (newer schema version?)"
+                )
+            writer = found
         reader = self._readers.get(writer.name, writer.schema)
-        body = io.BytesIO(data[_HEADER:])
+        body = io.BytesIO(data[header:])
         try:
             record = fastavro.schemaless_reader(
                 body, writer.schema, reader, return_record_name=False
             )
         except Exception as exc:  # fastavro raises many types for corrupt bodies
             raise DecodeError(f"corrupt {writer.name} body: {exc}") from exc
-        extra = len(data) - _HEADER - body.tell()
+        extra = len(data) - header - body.tell()
         if extra:
             raise DecodeError(f"corrupt {writer.name} body: {extra} bytes after the record")
         if not isinstance(record, dict):
@@ -190,6 +276,7 @@ class SchemaRegistry:
         return value
 
 
+_EMPTY_OBJECT_STRING = re.compile(r'(?<!\\)"\{\}"')
 _REFERENCE = re.compile(r'"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)"')
 
 

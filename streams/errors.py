@@ -17,7 +17,9 @@ Whether an operation may be retried is data on the class (``retriable``)::
     │   ├── JudgeRejected      4xx: the request itself is wrong, never retried
     │   └── JudgeUnavailable   5xx, 408, 429, timeout, connection error: retried with backoff
     ├── BrokerError            the local Kafka broker could not be fetched, started or reached
-    └── ProduceError           an input file has invalid lines, or publishing failed
+    ├── ProduceError           an input file has invalid lines, or publishing failed
+    └── SchemaRegistryError    the schema registry could not be reached or refused a request
+        └── SchemaRefused      a schema or a subject's compatibility level refused at start
 
 May import: the standard library only.
 """
@@ -34,6 +36,8 @@ __all__ = [
     "ProduceError",
     "RecordError",
     "RewardError",
+    "SchemaRefused",
+    "SchemaRegistryError",
     "TrajstreamError",
     "TrinityError",
     "TrinityRejected",
@@ -112,3 +116,14 @@ class BrokerError(TrajstreamError):
 
 class ProduceError(TrajstreamError):
     """Events could not be published (invalid input lines, or the broker refused)."""
+
+
+class SchemaRegistryError(TrajstreamError):
+    """The schema registry (``kafka.schema_registry``) could not be reached, or answered with
+    an error."""
+
+
+class SchemaRefused(SchemaRegistryError, ConfigError):
+    """A schema the writers need cannot be used: the registry refused it as incompatible, or
+    a subject's compatibility level is weaker than BACKWARD (a deployment must fix it before
+    starting: a configuration error, exit code 2)."""

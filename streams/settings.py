@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +43,7 @@ __all__ = [
     "FAUST_ENV_OVERRIDES",
     "JudgeSettings",
     "KafkaSecuritySettings",
+    "SchemaRegistrySettings",
     "Settings",
     "TrinitySettings",
     "check_faust_environment",
@@ -140,6 +142,96 @@ def _secret(v: Any) -> str:
     return v.get_secret_value() if isinstance(v, SecretStr) else str(v)
 
 
+Compatibility = Literal[
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
+    "NONE",
+]
+
+
+class SchemaRegistrySettings(_Section):
+    """A Confluent-compatible schema registry (Confluent Schema Registry, Karapace, Apicurio's
+    ``/apis/ccompat/v7``): where the writers register the records' schemas, and where readers
+    look up the schema of a record in Confluent's wire format.
+
+    Credentials: HTTP basic auth (``username`` + ``password``) or a bearer token, never both.
+    TLS as for Kafka: ``ssl_cafile`` to trust a private CA, a client certificate and key for a
+    registry that authenticates clients by TLS.
+    """
+
+    url: str = Field(
+        pattern=r"^https?://",
+        description="base URL of the registry's Confluent-compatible API "
+        "(https://registry.example.com, or <apicurio>/apis/ccompat/v7)",
+    )
+    username: str | None = Field(default=None, description="HTTP basic auth user")
+    password: SecretStr | None = Field(
+        default=None, validate_default=True, description="HTTP basic auth password (secret)"
+    )
+    bearer_token: SecretStr | None = Field(
+        default=None,
+        validate_default=True,
+        description="sent as Authorization: Bearer (secret); instead of username/password",
+    )
+    ssl_cafile: Path | None = Field(default=None, description="PEM file of the CAs to trust")
+    ssl_certfile: Path | None = Field(default=None, description="client certificate (PEM, mTLS)")
+    ssl_keyfile: Path | None = Field(
+        default=None, validate_default=True, description="client private key (PEM)"
+    )
+    ssl_key_password: SecretStr | None = Field(
+        default=None, description="password of an encrypted ssl_keyfile"
+    )
+    timeout_s: PositiveFloat = Field(default=10.0, description="one request's timeout")
+    framing: Literal["confluent", "single-object"] = Field(
+        default="confluent",
+        description="what the writers write: Confluent's wire format, or still the single-object "
+        "encoding (registering and checking the schemas: the first step of a rolling switch)",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _registry_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "a URL with credentials is not accepted; use kafka.schema_registry.username "
+                "and password (or bearer_token)"
+            )
+        return v.rstrip("/")
+
+    @field_validator("password")
+    @classmethod
+    def _basic(cls, v: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if (v is None) != (info.data.get("username") is None):
+            raise ValueError("basic auth needs both kafka.schema_registry.username and password")
+        return v
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _bearer(cls, v: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if v is not None and info.data.get("username") is not None:
+            raise ValueError("either a bearer token or username/password, not both")
+        return v
+
+    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _tls_file(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is None:
+            return v
+        if not str(info.data.get("url", "")).startswith("https://"):
+            raise ValueError("only used with an https:// url (kafka.schema_registry.url)")
+        v = v.expanduser()
+        if not v.is_file():
+            raise ValueError(f"no such file: {v}")
+        if info.field_name == "ssl_keyfile" and info.data.get("ssl_certfile") is None:
+            raise ValueError("a key without ssl_certfile: set both")
+        return v
+
+
 class KafkaSettings(_Section):
     bootstrap_servers: str | None = Field(
         default=None,
@@ -156,6 +248,35 @@ class KafkaSettings(_Section):
         "it at most the brokers' message.max.bytes)",
     )
     security: KafkaSecuritySettings = Field(default_factory=KafkaSecuritySettings)
+    min_insync_replicas: PositiveInt | None = Field(
+        default=None,
+        description="min.insync.replicas of the topics trajstream creates (with acks=all, a "
+        "write fails rather than land on fewer replicas); unset: 2 with replication_factor "
+        ">= 3, else 1",
+    )
+    schema_registry: SchemaRegistrySettings | None = Field(
+        default=None,
+        description="a Confluent-compatible schema registry: records are registered there and "
+        "written in Confluent's wire format; unset: Avro single-object encoding only",
+    )
+
+    @field_validator("min_insync_replicas")
+    @classmethod
+    def _min_insync(cls, v: int | None, info: ValidationInfo) -> int | None:
+        replication = info.data.get("replication_factor", 1)
+        if v is not None and v > replication:
+            raise ValueError(
+                f"{v} is more than kafka.replication_factor ({replication}): every write "
+                "would fail; lower it or raise the replication factor"
+            )
+        return v
+
+    @property
+    def min_insync(self) -> int:
+        """The ``min.insync.replicas`` the topics get."""
+        if self.min_insync_replicas is not None:
+            return self.min_insync_replicas
+        return 2 if self.replication_factor >= 3 else 1
 
 
 class TrinitySettings(_Section):
@@ -589,11 +710,15 @@ def _check_env_names(environ: Mapping[str, str]) -> None:
             if fields is None or part not in fields:
                 raise ConfigError(f"unknown setting {key}: no such setting {'.'.join(path)}")
             annotation = fields[part].annotation
+            # an optional section (``SchemaRegistrySettings | None``) nests like a section
+            for member in typing.get_args(annotation) or (annotation,):
+                if isinstance(member, type) and issubclass(member, BaseModel):
+                    annotation = member
             nested = isinstance(annotation, type) and issubclass(annotation, BaseModel)
             fields = annotation.model_fields if nested else None
 
 
-_SECRET_NAMES = {"password", "ssl_key_password", "headers"}
+_SECRET_NAMES = {"password", "ssl_key_password", "headers", "bearer_token"}
 
 
 def _describe(exc: pydantic.ValidationError) -> str:

@@ -136,6 +136,48 @@ class Topics:
             self.verdicts: n,
         }
 
+    def value_types(self) -> dict[str, tuple[str, ...]]:
+        """The record types (Avro full names) each topic carries, ``<p>.replayed`` included.
+
+        With a schema registry, a topic's subject (``<topic>-value``) holds its record's schema,
+        or a union of its records in this order: append a new type at the end (a union that
+        gains a branch at its end still reads every record written before)."""
+        r = "io.trajstream."
+        return {
+            self.agent_events: (r + "AgentCall", r + "Completion"),
+            self.user_feedback: (r + "UserFeedback",),
+            self.ticks: (r + "Tick",),
+            self.trajectories: (r + "Trajectory",),
+            self.rewarded: (r + "RewardedTrajectory",),
+            self.ledger: (r + "FeedbackAck", r + "Tick", r + "CommitResume"),
+            self.windows: (r + "WindowSummary",),
+            self.commits: (r + "CommitRecord",),
+            self.dead_letters: (r + "DeadLetter",),
+            self.decisions: (r + "SelectionDecision",),
+            self.late_events: (r + "DeadLetter",),
+            self.alerts: (r + "DriftAlert",),
+            self.judge_requests: (r + "JudgeRequest",),
+            self.verdicts: (r + "JudgeVerdict",),
+            self.replayed: (r + "FeedbackAck", r + "CommitRecord", r + "LedgerState"),
+        }
+
+    def worker_writes(self) -> list[str]:
+        """The topics a worker writes (what it registers with a schema registry)."""
+        return [
+            self.ticks,
+            self.trajectories,
+            self.rewarded,
+            self.ledger,
+            self.windows,
+            self.commits,
+            self.dead_letters,
+            self.decisions,
+            self.late_events,
+            self.alerts,
+            self.judge_requests,
+            self.verdicts,
+        ]
+
     def configs(self) -> dict[str, dict[str, str]]:
         """Topic configs of the topics that need them: the verdicts are compacted (one per
         call is kept: the last, which the reward stage makes the one it used)."""

@@ -846,6 +846,7 @@ def build_gateway(
                 settings.kafka.replication_factor,
                 security=settings.kafka.security,
                 configs=topics.configs(),
+                min_insync_replicas=settings.kafka.min_insync,
             )
 
     publisher = Publisher(

@@ -41,9 +41,9 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from ..core.select import Strategy, build_strategy
-from ..io import kafka
+from ..io import kafka, registry
 from ..models import AgentCall, CallPhase, CallStatus, Completion, TrainingMark, utcnow
-from ..settings import KafkaSecuritySettings, Settings
+from ..settings import KafkaSecuritySettings, SchemaRegistrySettings, Settings
 from ..topics import Topics
 from .chat import StreamAssembler, llm_step, steps_of_request, to_chat_message
 from .publisher import Publisher
@@ -68,15 +68,25 @@ class TrajstreamCapture:
         buffer_records: int = 10_000,
         flush_timeout_s: float = 10.0,
         security: KafkaSecuritySettings | None = None,
+        schema_registry: SchemaRegistrySettings | None = None,
     ) -> None:
         self.strategy = build_strategy(strategy) if isinstance(strategy, str) else strategy
         check_routable(self.strategy, strategy if isinstance(strategy, str) else "")
         self.flush_timeout_s = flush_timeout_s
         topics = Topics(topic_prefix, partitions)
+        # with a registry (settings.kafka.schema_registry): the subjects checked here, at
+        # construction, and the records written in Confluent's wire format
+        registered = registry.connect(
+            schema_registry, topics=topics, writes=[topics.agent_events, topics.user_feedback]
+        )
+        framing = registered.framing if registered else None
 
         def producer() -> AIOKafkaProducer:
             return kafka.producer(
-                bootstrap_servers, security, request_timeout_ms=int(flush_timeout_s * 1000)
+                bootstrap_servers,
+                security,
+                framing=framing,
+                request_timeout_ms=int(flush_timeout_s * 1000),
             )
 
         async def prepare() -> None:
@@ -117,6 +127,8 @@ class TrajstreamCapture:
             spill_dir=settings.gateway.spill_dir / "wrapper",
             buffer_records=settings.gateway.buffer_records,
             flush_timeout_s=settings.gateway.flush_timeout_s,
+            security=settings.kafka.security,
+            schema_registry=settings.kafka.schema_registry,
         )
 
     def _submit(self, coro: Any) -> Future[Any]:

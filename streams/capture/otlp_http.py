@@ -267,6 +267,7 @@ async def run_otlp(
         topic_prefix=settings.kafka.topic_prefix,
         partitions=settings.kafka.partitions,
         security=settings.kafka.security,
+        schema_registry=settings.kafka.schema_registry,
     ) as producer:
         app = web.Application()
         add_otlp_routes(

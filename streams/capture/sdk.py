@@ -32,7 +32,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from ..codec import SchemaRegistry
-from ..io import kafka
+from ..io import kafka, registry
 from ..models import (
     AgentCall,
     AvroModel,
@@ -47,8 +47,9 @@ from ..models import (
     UserFeedback,
     utcnow,
 )
-from ..settings import KafkaSecuritySettings
+from ..settings import KafkaSecuritySettings, SchemaRegistrySettings
 from ..topics import Topics
+from ..wire import TopicFraming
 
 __all__ = ["CallRecorder", "TrajstreamProducer", "key_of", "new_id", "topic_for"]
 
@@ -79,6 +80,9 @@ class TrajstreamProducer:
     """Publishes agent events to Kafka. Use as an async context manager.
 
     ``security`` (TLS, SASL) is ``settings.kafka.security``; unset: PLAINTEXT.
+    ``schema_registry`` is ``settings.kafka.schema_registry``: when set, :meth:`start`
+    registers the agent-events and user-feedback subjects (checking their compatibility
+    level) and records are written in Confluent's wire format.
     """
 
     def __init__(
@@ -90,13 +94,30 @@ class TrajstreamProducer:
         codec: SchemaRegistry | None = None,
         producer: AIOKafkaProducer | None = None,
         security: KafkaSecuritySettings | None = None,
+        schema_registry: SchemaRegistrySettings | None = None,
     ) -> None:
         self.topics = Topics(topic_prefix, partitions)
         self.codec = codec or SchemaRegistry.default()
         self._producer = producer or kafka.producer(bootstrap_servers, security)
+        self._schema_registry = schema_registry
+        self._framing: TopicFraming | None = None
 
     async def start(self) -> None:
+        if self._schema_registry is not None and self._framing is None:
+            registered = await registry.aconnect(
+                self._schema_registry,
+                topics=self.topics,
+                writes=[self.topics.agent_events, self.topics.user_feedback],
+                codec=self.codec,
+            )
+            self._framing = registered.framing if registered else None
         await self._producer.start()
+
+    def _value(
+        self, topic: str, record: AgentCall | Completion | UserFeedback | TraceFragment
+    ) -> bytes:
+        data = self.codec.encode(record)
+        return self._framing.reframe(topic, data) if self._framing else data
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -112,10 +133,9 @@ class TrajstreamProducer:
         self, record: AgentCall | Completion | UserFeedback, *, wait: bool = True
     ) -> None:
         """Publish one record, keyed by its call_id. ``wait=False`` returns once it is queued."""
+        topic = topic_for(record, self.topics)
         future = await self._producer.send(
-            topic_for(record, self.topics),
-            key=record.call_id.encode(),
-            value=self.codec.encode(record),
+            topic, key=key_of(record), value=self._value(topic, record)
         )
         if wait:
             await future
@@ -124,12 +144,11 @@ class TrajstreamProducer:
         self, records: Sequence[AgentCall | Completion | UserFeedback | TraceFragment]
     ) -> None:
         """Publish records in order and wait until the broker has all of them."""
-        futures = [
-            await self._producer.send(
-                topic_for(r, self.topics), key=key_of(r), value=self.codec.encode(r)
-            )
-            for r in records
-        ]
+        futures = []
+        for r in records:
+            topic = topic_for(r, self.topics)
+            value = self._value(topic, r)
+            futures.append(await self._producer.send(topic, key=key_of(r), value=value))
         await asyncio.gather(*futures)
 
     async def flush(self) -> None:

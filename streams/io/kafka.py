@@ -23,17 +23,22 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from ..errors import BrokerError, ConfigError
 from ..settings import KafkaSecuritySettings
+from ..wire import TopicFraming
 from .security import kafka_client_kwargs
 
 __all__ = [
+    "PRODUCER_DEFAULTS",
+    "FramingProducer",
     "admin",
     "consumer",
     "create_topics",
     "ensure_compacted",
     "fetch_ranges",
     "offsets_at",
+    "process_framing",
     "producer",
     "topic_partitions",
+    "use_framing",
     "wait_until_ready",
 ]
 
@@ -50,12 +55,66 @@ def admin(bootstrap: str, security: KafkaSecuritySettings | None = None) -> AIOK
     )
 
 
+PRODUCER_DEFAULTS: dict[str, Any] = {"acks": "all", "enable_idempotence": True, "linger_ms": 5}
+"""What every producer of the product gets (the gateway's, the OTLP ingest's, the SDK's,
+replay's, the CLI's; the workers' Faust producer gets the same acks and idempotence, see
+:mod:`streams.runtime.live`): a record is acknowledged once every in-sync replica has it
+(``acks=all``; with ``min.insync.replicas`` 2 on a cluster of 3, a write survives the loss
+of a broker), and a retried send is written once (idempotence: the broker drops a batch it
+already has, by producer id and sequence number)."""
+
+
+class FramingProducer(AIOKafkaProducer):  # type: ignore[misc]
+    """An aiokafka producer that writes each record in its topic's wire format
+    (:class:`streams.wire.TopicFraming`: Confluent's, when a schema registry is set)."""
+
+    def __init__(self, *args: Any, framing: TopicFraming, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.framing = framing
+
+    async def send(self, topic: str, value: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(value, bytes | bytearray):
+            value = self.framing.reframe(topic, bytes(value))
+        return await super().send(topic, value, *args, **kwargs)
+
+
+_PROCESS_FRAMING: list[TopicFraming] = []
+
+
+def use_framing(framing: TopicFraming | None) -> None:
+    """From now on, every producer this module builds in this process writes the topics
+    ``framing`` names in their wire format (:func:`streams.io.registry.connect` calls this:
+    once a process registered its subjects, all its writers use them). Topics already set
+    keep theirs unless ``framing`` names them too; None changes nothing."""
+    if framing is None:
+        return
+    merged = dict(_PROCESS_FRAMING[0].prefixes) if _PROCESS_FRAMING else {}
+    merged.update(framing.prefixes)
+    _PROCESS_FRAMING[:] = [TopicFraming(merged)]
+
+
+def process_framing() -> TopicFraming | None:
+    """The framing :func:`use_framing` installed, or None (single-object encoding)."""
+    return _PROCESS_FRAMING[0] if _PROCESS_FRAMING else None
+
+
 def producer(
-    bootstrap: str, security: KafkaSecuritySettings | None = None, **kwargs: Any
+    bootstrap: str,
+    security: KafkaSecuritySettings | None = None,
+    *,
+    framing: TopicFraming | None = None,
+    **kwargs: Any,
 ) -> AIOKafkaProducer:
-    """An idempotent producer that waits for every replica (``acks=all``)."""
-    options: dict[str, Any] = {"acks": "all", "enable_idempotence": True, "linger_ms": 5}
+    """An idempotent producer that waits for every in-sync replica (``acks=all``);
+    with ``framing`` (a schema registry; default: :func:`process_framing`), one that writes
+    Confluent's wire format."""
+    options: dict[str, Any] = dict(PRODUCER_DEFAULTS)
     options.update(kwargs)
+    framing = framing or process_framing()
+    if framing is not None:
+        return FramingProducer(
+            bootstrap_servers=bootstrap, framing=framing, **options, **_security(security)
+        )
     return AIOKafkaProducer(bootstrap_servers=bootstrap, **options, **_security(security))
 
 
@@ -75,13 +134,15 @@ async def create_topics(
     *,
     security: KafkaSecuritySettings | None = None,
     configs: Mapping[str, Mapping[str, str]] | None = None,
+    min_insync_replicas: int | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; returns the names created.
 
-    ``configs`` gives some topics their topic configs (e.g. ``cleanup.policy``). An existing
+    ``configs`` gives some topics their topic configs (e.g. ``cleanup.policy``);
+    ``min_insync_replicas`` (``kafka.min_insync``) is given to every topic created. An existing
     topic with another partition count is an error: co-partitioning would break.
     """
-    configs = configs or {}
+    configs = _with_min_insync(wanted, configs or {}, min_insync_replicas)
     client = admin(bootstrap, security)
     try:
         await client.start()
@@ -132,21 +193,33 @@ async def create_topics(
         await client.close()
 
 
+def _with_min_insync(
+    wanted: Iterable[str], configs: Mapping[str, Mapping[str, str]], min_insync: int | None
+) -> dict[str, dict[str, str]]:
+    out = {name: dict(config) for name, config in configs.items()}
+    if min_insync is not None:
+        for name in wanted:
+            out.setdefault(name, {}).setdefault("min.insync.replicas", str(min_insync))
+    return out
+
+
 async def ensure_compacted(
     bootstrap: str,
     topic: str,
     replication: int,
     security: KafkaSecuritySettings | None = None,
+    min_insync_replicas: int | None = None,
 ) -> None:
     """Create a compacted single-partition topic (``<p>.replayed``) unless it exists."""
+    config = {"cleanup.policy": "compact"}
+    if min_insync_replicas is not None:
+        config["min.insync.replicas"] = str(min_insync_replicas)
     client = admin(bootstrap, security)
     await client.start()
     try:
         if topic not in set(await client.list_topics()):
             try:
-                await client.create_topics(
-                    [NewTopic(topic, 1, replication, topic_configs={"cleanup.policy": "compact"})]
-                )
+                await client.create_topics([NewTopic(topic, 1, replication, topic_configs=config)])
             except TopicAlreadyExistsError:
                 pass
     finally:

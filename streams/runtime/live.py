@@ -88,8 +88,10 @@ from ..observe.pages import StatusPages
 from ..observe.web import ObserveServer
 from ..settings import RECORD_HEADROOM, Settings
 from ..topics import Topics
+from ..wire import TopicFraming
 from . import handover
 from .config import judge_of, ledger_config_of, limits_of
+from .producing import install_idempotence, raw_schema
 
 __all__ = ["Pipeline", "TableStore", "source_of"]
 
@@ -153,8 +155,10 @@ class Pipeline:
         rewarder: Rewarder | None = None,
         codec: SchemaRegistry | None = None,
         judge_client: Callable[[], JudgeClient] | None = None,
+        framing: TopicFraming | None = None,
     ) -> None:
         self.settings = settings
+        self.framing = framing  # a schema registry's wire format for what the worker writes
         self.bootstrap = bootstrap
         self.codec = codec or SchemaRegistry.default()
         self.topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
@@ -237,6 +241,7 @@ class Pipeline:
         s, t = self.settings, self.topics
         n = s.kafka.partitions
         handover.install()  # before the app: no committed offset passes an unhandled record
+        install_idempotence()  # acks=all and idempotence for Faust's producer too
         app = faust.App(
             s.app_id,
             broker=",".join(f"kafka://{b.strip()}" for b in bootstrap.split(",")),
@@ -260,14 +265,7 @@ class Pipeline:
         )
 
         def raw_topic(name: str, partitions: int) -> faust.TopicT:
-            return app.topic(
-                name,
-                partitions=partitions,
-                key_type=bytes,
-                value_type=bytes,
-                key_serializer="raw",
-                value_serializer="raw",
-            )
+            return app.topic(name, partitions=partitions, schema=raw_schema(name, self.framing))
 
         def raw_table(name: str, partitions: int, **kwargs: Any) -> faust.Table:
             table = app.Table(

@@ -222,7 +222,13 @@ async def send_to_trinity(
     assert result.plan is not None
     topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).replayed
     security = settings.kafka.security
-    await kafka.ensure_compacted(bootstrap, topic, settings.kafka.replication_factor, security)
+    await kafka.ensure_compacted(
+        bootstrap,
+        topic,
+        settings.kafka.replication_factor,
+        security,
+        min_insync_replicas=settings.kafka.min_insync,
+    )
     producer = kafka.producer(bootstrap, security, client_id=client_id)
     trinity = (trinity_factory or (lambda: TrinityClient.from_settings(settings.trinity)))()
     policy = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
@@ -453,6 +459,7 @@ async def ask_judge(
         settings.kafka.replication_factor,
         security=settings.kafka.security,
         configs=topics.configs(),
+        min_insync_replicas=settings.kafka.min_insync,
     )
     producer = kafka.producer(bootstrap, settings.kafka.security)
     await producer.start()

@@ -67,6 +67,20 @@ def kafka_bootstrap() -> Iterator[str]:
         yield broker.start(timeout=120)
 
 
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[str]:
+    """A real schema registry (Apicurio Registry, in-memory, its Confluent-compatible API) on a
+    free port for the session; its URL. Skips, saying why, where no Java 21+ is found."""
+    from streams.devtools.registry import MIN_JAVA, LocalRegistry, find_java
+
+    if find_java() is None:
+        pytest.skip(
+            f"the schema registry tests need Java {MIN_JAVA}+ ($JAVA_HOME, PATH, /usr/lib/jvm)"
+        )
+    with LocalRegistry(CACHE_DIR) as registry:
+        yield registry.url
+
+
 @pytest.fixture
 def prefix() -> str:
     """A topic prefix and app id unique to this test."""

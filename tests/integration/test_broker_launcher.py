@@ -14,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -171,3 +172,62 @@ def test_detached_broker_outlives_the_process_that_started_it(
     assert status(own_cache) is None
     assert stop_detached(own_cache) is False
     assert (own_cache / "data" / "kafka-logs" / "meta.properties").exists()
+
+
+def test_trajstream_broker_start_brokers_3_serves_replicated_topics(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    """The CLI's detached cluster: three nodes, `trajstream topics` with replication factor 3
+    creates topics on all three with min.insync.replicas 2, and `broker stop` stops them all."""
+    own_cache = tmp_path / "cache"
+    own_cache.mkdir()
+    (own_cache / f"kafka-{KAFKA_VERSION}").symlink_to(cache_dir / f"kafka-{KAFKA_VERSION}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAJSTREAM_", "KAFKA_"))}
+    env.update(TRAJSTREAM_CACHE_DIR=str(own_cache), TRAJSTREAM_KAFKA__TOPIC_PREFIX="rf3")
+
+    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "streams.cli", *args],
+            cwd=REPO_ROOT,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+
+    started = cli("broker", "start", "--brokers", "3", "--port", str(free_port()))
+    assert started.returncode == 0, started.stderr
+    state = status(own_cache)
+    try:
+        assert state is not None and len(state.nodes) == 3
+        assert started.stdout.strip() == state.bootstrap_servers
+        made = cli("topics", TRAJSTREAM_KAFKA__REPLICATION_FACTOR="3")
+        assert made.returncode == 0, made.stderr
+
+        async def describe() -> tuple[list[Any], Any]:
+            from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+            admin = AIOKafkaAdminClient(bootstrap_servers=state.bootstrap_servers)
+            await admin.start()
+            try:
+                topics = await admin.describe_topics(["rf3.agent-events"])
+                configs = await admin.describe_configs(
+                    [ConfigResource(ConfigResourceType.TOPIC, "rf3.agent-events")]
+                )
+                return topics, configs
+            finally:
+                await admin.close()
+
+        topics, configs = asyncio.run(describe())
+        assert all(len(p["replicas"]) == 3 for p in topics[0]["partitions"])
+        entries = {c[0]: c[1] for c in configs[0].resources[0][4]}
+        assert entries["min.insync.replicas"] == "2"
+        status_line = cli("broker", "status")
+        assert status_line.returncode == 0 and state.bootstrap_servers in status_line.stdout
+        assert cli("broker", "stop").returncode == 0
+        assert status(own_cache) is None
+    finally:
+        for node in state.nodes if state else ():
+            if pid_exists(node.pid):
+                os.killpg(node.pid, signal.SIGKILL)

@@ -257,7 +257,8 @@ def _good() -> bytes:
         (b"\xc3", "C3 01"),
         (b"\xc3\x01\x00\x01", "C3 01"),  # header cut short
         (b"\xc3\x02" + _good()[2:], "C3 01"),
-        (b"\x00\x00" + _good()[2:], "C3 01"),
+        # magic byte 0 is Confluent's wire format: without a registry, named as a setting
+        (b"\x00\x00" + _good()[2:], "kafka.schema_registry.url"),
         (b'{"event_id": "e1"}', "C3 01"),
         (MAGIC + bytes(8) + b"\x00", "unknown writer schema fingerprint 0000000000000000"),
         (_good()[:-1], "corrupt io.trajstream.AgentCall body"),

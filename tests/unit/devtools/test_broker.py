@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from streams.devtools import broker as broker_module
 from streams.devtools.broker import (
     KAFKA_VERSION,
     BrokerState,
@@ -33,6 +32,7 @@ from streams.devtools.broker import (
     status,
     stop_detached,
 )
+from streams.devtools.broker import process as process_module
 from streams.errors import BrokerError
 
 POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
@@ -149,7 +149,7 @@ def test_free_port_is_bindable_and_taken_port_is_not() -> None:
 
 
 def test_free_ports_are_distinct() -> None:
-    ports = broker_module._free_ports("127.0.0.1", 5)
+    ports = process_module.free_ports("127.0.0.1", 5)
     assert len(set(ports)) == 5
 
 
@@ -230,7 +230,7 @@ async def test_run_coroutine_works_inside_a_running_loop() -> None:
     async def answer() -> int:
         return 42
 
-    assert broker_module._run_coroutine(answer) == 42
+    assert process_module.run_coroutine(answer) == 42
 
 
 # --- detached state ---------------------------------------------------------------------
@@ -318,3 +318,68 @@ def test_certificates_name_the_hosts_and_chain_to_the_ca(tmp_path: Path) -> None
     assert keystore.startswith("-----BEGIN PRIVATE KEY-----")  # PKCS#8, as Kafka's PEM wants
     assert keystore.count("BEGIN CERTIFICATE") == 2
     assert oct(files.keystore.stat().st_mode & 0o777) == "0o600"
+
+
+# --- a cluster of N -----------------------------------------------------------------------
+
+
+def test_a_cluster_node_lists_every_voter_and_replicates_internal_topics_three_times(
+    tmp_path: Path,
+) -> None:
+    from streams.devtools.broker.config import NodeAddress, voters_of
+
+    nodes = [NodeAddress(i, 41000 + 2 * i, 41001 + 2 * i) for i in (1, 2, 3)]
+    voters = voters_of("127.0.0.1", nodes)
+    props = parse_properties(
+        render_server_properties(
+            host="127.0.0.1",
+            port=41004,
+            controller_port=41005,
+            log_dir=tmp_path,
+            node_id=2,
+            voters=voters,
+            cluster_size=3,
+        )
+    )
+    assert props["controller.quorum.voters"] == (
+        "1@127.0.0.1:41003,2@127.0.0.1:41005,3@127.0.0.1:41007"
+    )
+    assert props["node.id"] == "2" and props["process.roles"] == "broker,controller"
+    assert props["offsets.topic.replication.factor"] == "3"
+    assert props["transaction.state.log.min.isr"] == "2"
+    assert props["default.replication.factor"] == "3"
+    assert props["unclean.leader.election.enable"] == "false"
+    assert int(props["num.io.threads"]) <= 2  # three JVMs on a small machine
+
+
+def test_a_cluster_gets_distinct_ports_and_one_cluster_id(tmp_path: Path) -> None:
+    from streams.devtools.broker import LocalCluster
+
+    cluster = LocalCluster(tmp_path / "cache", brokers=3, data_dir=tmp_path / "c")
+    ports = [p for n in cluster.nodes.values() for p in (n.port, n.controller_port)]
+    assert len(set(ports)) == 6
+    assert {n.cluster_id for n in cluster.nodes.values()} == {cluster._cluster_id()}
+    again = LocalCluster(tmp_path / "cache", brokers=3, data_dir=tmp_path / "c")
+    assert again.nodes[1].cluster_id == cluster.nodes[1].cluster_id, "kept with the data dir"
+    assert cluster.bootstrap_servers.count(",") == 2
+
+
+def test_a_detached_cluster_state_round_trips_with_its_members(tmp_path: Path) -> None:
+    import dataclasses
+
+    first = make_state(tmp_path, 11)
+    other = dataclasses.replace(make_state(tmp_path, 12), bootstrap="127.0.0.1:9093")
+    state = dataclasses.replace(first, members=(other,))
+    again = BrokerState.from_json(state.to_json())
+    assert again == state
+    assert again.bootstrap_servers == "127.0.0.1:9092,127.0.0.1:9093"
+    assert [n.pid for n in again.nodes] == [11, 12]
+    assert "members" not in json.loads(first.to_json()), "one broker: the old file format"
+
+
+def test_the_cli_takes_a_broker_count() -> None:
+    from streams.cli import build_parser
+
+    args = build_parser().parse_args(["broker", "start", "--brokers", "3"])
+    assert (args.action, args.brokers) == ("start", 3)
+    assert build_parser().parse_args(["broker", "start"]).brokers == 1

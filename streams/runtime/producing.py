@@ -1,0 +1,70 @@
+"""How the worker's Faust application writes to Kafka: an idempotent producer with
+``acks=all``, and each topic's records in that topic's wire format.
+
+* Idempotence. faust-streaming 0.15.3 turns aiokafka's ``enable_idempotence`` on only for
+  ``processing_guarantee="exactly_once"`` (``faust/transport/drivers/aiokafka.py``
+  ``Producer._settings_extra``), whose open bugs rule it out here (see the Faust notes). Its
+  at-least-once producer retries a batch whose acknowledgement was lost, and the broker then
+  writes it twice. :func:`install_idempotence` makes ``_settings_extra`` ask for
+  ``acks=all`` and idempotence in every mode; aiokafka's idempotent producer needs nothing else
+  from Faust (one batch in flight per partition, which is how aiokafka sends anyway). Every
+  other producer of the product gets the same from :data:`streams.io.kafka.PRODUCER_DEFAULTS`.
+* Wire format. The worker's topics carry raw bytes (the codec's single-object encoding);
+  :class:`FramingSchema` is the topic schema that, with a schema registry, rewrites each value
+  into Confluent's wire format on its way out (:class:`streams.wire.TopicFraming`: a header
+  swap). Changelog topics keep the single-object encoding.
+
+May import: faust, :mod:`streams.wire`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from ..wire import TopicFraming
+
+__all__ = ["FramingSchema", "install_idempotence", "raw_schema"]
+
+_ORIGINAL = faust_aiokafka.Producer._settings_extra
+
+
+def _settings_extra(self: Any) -> Mapping[str, Any]:
+    return {**_ORIGINAL(self), "acks": "all", "enable_idempotence": True}
+
+
+def install_idempotence() -> None:
+    """Every producer of Faust's aiokafka driver in this process: ``acks=all`` and
+    idempotence (idempotent: installing twice changes nothing)."""
+    faust_aiokafka.Producer._settings_extra = _settings_extra  # type: ignore[method-assign]
+
+
+class FramingSchema(faust.Schema[bytes, bytes]):
+    """Raw bytes in and out; on the way out, ``framing`` puts ``topic``'s wire format on."""
+
+    def __init__(self, topic: str, framing: TopicFraming) -> None:
+        super().__init__(
+            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+        )
+        self.topic = topic
+        self.framing = framing
+
+    def dumps_value(
+        self, app: Any, value: Any, *, serializer: Any = None, headers: Any
+    ) -> tuple[Any, Any]:
+        payload, headers = super().dumps_value(app, value, serializer=serializer, headers=headers)
+        if isinstance(payload, bytes | bytearray):
+            payload = self.framing.reframe(self.topic, bytes(payload))
+        return payload, headers
+
+
+def raw_schema(topic: str, framing: TopicFraming | None) -> faust.Schema[bytes, bytes]:
+    """The schema of one of the worker's raw topics."""
+    if framing is None:
+        return faust.Schema(
+            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+        )
+    return FramingSchema(topic, framing)
