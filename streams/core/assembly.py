@@ -46,6 +46,7 @@ from ..models import (
     Tick,
     Trajectory,
 )
+from .arms import routed_upstream, scored_unselected
 from .select import CallView, Strategy
 
 __all__ = [
@@ -283,7 +284,9 @@ def view_of(state: PendingCall) -> CallView:
 def close(
     state: PendingCall, strategy: Strategy, reason: str
 ) -> tuple[Selection, Trajectory | None]:
-    """Decide selection for a closing call and build its trajectory when selected.
+    """Decide selection for a closing call and build its trajectory when selected, or when a
+    gateway routed it to production (scored for the comparison, not trained on:
+    :mod:`streams.core.arms`).
 
     A call closed without its END (abandoned, or oversized before its end) is decided like any
     other and, when selected, keeps what it had; its ``closed_reason`` says why it closed, and
@@ -291,7 +294,7 @@ def close(
     """
     view = view_of(state)
     selection = strategy.decide(view)
-    if not selection.selected:
+    if not selection.selected and not scored_unselected(state.start):
         return selection, None
     start, end = state.start, state.end
     first = start or end
@@ -315,6 +318,7 @@ def close(
         started_at=start.event_time if start else None,
         ended_at=view.ended_at,
         closed_reason=reason,
+        upstream=routed_upstream(start),
     )
     return selection, trajectory
 

@@ -115,6 +115,8 @@ class LedgerStage:
         summaries = due_windows(state, now, self.cfg)
         for summary in summaries:
             key = f"{summary.agent_name}|{summary.model}|{summary.window_start.isoformat()}"
+            if summary.upstream is not None:
+                key += f"|{summary.upstream}"
             out.emit("windows", key.encode(), summary)
         alerts = drift_alerts(state, summaries, now, self.cfg)
         for alert in alerts:
