@@ -520,6 +520,32 @@ class PendingCommit(AvroModel):
     requests: int = 0
 
 
+class Comparison(AvroModel):
+    """The policy against production for one agent over a window or a trailing span (see the
+    schema's doc and :mod:`streams.core.compare`)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.Comparison"
+    agent_name: str
+    span: Literal["window", "trailing"]
+    window_start: UtcDateTime
+    window_end: UtcDateTime
+    windows: int = 1
+    policy_count: int
+    policy_mean: float | None = None
+    policy_stddev: float | None = None
+    production_count: int
+    production_mean: float | None = None
+    production_stddev: float | None = None
+    difference: float | None = None
+    lower: float | None = None
+    upper: float | None = None
+    level: float
+    df: float | None = None
+    method: str = "welch"
+    verdict: Literal["better", "worse", "inconclusive", "insufficient"]
+    emitted_at: UtcDateTime
+
+
 class CommitHold(AvroModel):
     """Commits held because a reward window of one agent and model dropped (nested in
     :class:`LedgerState`)."""
@@ -548,6 +574,7 @@ class AgentRollout(AvroModel):
     pinned: bool = False
     rolled_back: bool = False
     updated_at: UtcDateTime | None = None
+    streak: list[Comparison] = Field(default_factory=list)
 
 
 class LedgerState(AvroModel):
@@ -674,32 +701,6 @@ class TraceHead(AvroModel):
     links: list[SpanLink] = Field(default_factory=list)
     held: list[HeldSpan] = Field(default_factory=list)
     ends: list[HeldSpan] = Field(default_factory=list)
-
-
-class Comparison(AvroModel):
-    """The policy against production for one agent over a window or a trailing span (see the
-    schema's doc and :mod:`streams.core.compare`)."""
-
-    avro_name: ClassVar[str] = "io.trajstream.Comparison"
-    agent_name: str
-    span: Literal["window", "trailing"]
-    window_start: UtcDateTime
-    window_end: UtcDateTime
-    windows: int = 1
-    policy_count: int
-    policy_mean: float | None = None
-    policy_stddev: float | None = None
-    production_count: int
-    production_mean: float | None = None
-    production_stddev: float | None = None
-    difference: float | None = None
-    lower: float | None = None
-    upper: float | None = None
-    level: float
-    df: float | None = None
-    method: str = "welch"
-    verdict: Literal["better", "worse", "inconclusive", "insufficient"]
-    emitted_at: UtcDateTime
 
 
 class RoutingShare(AvroModel):

@@ -59,9 +59,12 @@ def routed_upstream(start: AgentCall | None) -> str | None:
 
 
 def scored_unselected(start: AgentCall | None) -> bool:
-    """Whether a call that is not selected for training is still assembled and scored: yes
-    when a gateway routed it to production (the comparison's production arm)."""
-    return routed_upstream(start) == PRODUCTION
+    """Whether a call that the workers' strategy does not select is still assembled and scored:
+    yes when a gateway routed it. Production's calls are the comparison's production arm; a
+    call the gateway sent to Trinity was answered by the policy whatever the workers' own
+    strategy says (the gateway's route is the decision that counts), so it is the policy arm,
+    and trained on."""
+    return routed_upstream(start) is not None
 
 
 def trains(rewarded: RewardedTrajectory) -> bool:

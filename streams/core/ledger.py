@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ..models import (
@@ -61,6 +61,8 @@ from ..models import (
     WindowSummary,
 )
 from .arms import PRODUCTION, trains
+from .compare import CompareConfig
+from .rollout import RolloutConfig
 
 RECENT_IDS = 1000
 
@@ -97,6 +99,8 @@ class LedgerConfig:
     drift_fraction: float = 0.8
     drift_history: int = 5
     hold_on_drift: bool = False
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
 CommitPlan = PendingCommit

@@ -71,6 +71,13 @@ def test_a_production_call_is_scored_but_not_selected() -> None:
     assert not trains(scored) and feedback_requests(scored) == []
 
 
+def test_the_gateways_route_counts_over_the_workers_strategy() -> None:
+    core = run("sampling:0", routed("t-2", "trinity", True))
+    (scored,) = core.topic("rewarded")
+    assert scored.upstream == "trinity" and trains(scored)
+    assert len(feedback_requests(scored)) == 1
+
+
 def test_both_arms_get_the_same_reward_function() -> None:
     core = run("sampling:1", routed("t-1", "trinity", True), routed("p-1", "production", False))
     by_call = {r.call_id: r for r in core.topic("rewarded")}
