@@ -7,6 +7,7 @@ decisions again."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import timedelta
 
@@ -21,11 +22,14 @@ from streams.core.store import MemoryStore
 from streams.models import (
     AvroModel,
     Comparison,
+    DriftAlert,
     FeedbackAck,
     LedgerState,
     RoutingOverride,
     RoutingShare,
+    WindowSummary,
 )
+from streams.observe.policy import replay_decisions
 from tests.unit.core.harness import CODEC
 from tests.unit.factories import at, comparison, rewarded
 
@@ -50,6 +54,8 @@ class Ledger:
         self.stage = LedgerStage(CFG, store=store, codec=CODEC)
         self.routing: list[RoutingShare] = []
         self.comparisons: list[Comparison] = []
+        self.windows: list[WindowSummary] = []
+        self.alerts: list[DriftAlert] = []
 
     def feed(self, records: list[AvroModel], now: float) -> LedgerState:
         state = self.stage.load()
@@ -62,6 +68,8 @@ class Ledger:
         for o in (applied.out, out):
             self.routing += [r for r in o.records("routing") if isinstance(r, RoutingShare)]
             self.comparisons += [c for c in o.records("comparisons") if isinstance(c, Comparison)]
+            self.windows += [w for w in o.records("windows") if isinstance(w, WindowSummary)]
+            self.alerts += [a for a in o.records("alerts") if isinstance(a, DriftAlert)]
         self.stage.save(state)
         return state
 
@@ -178,3 +186,16 @@ def test_off_by_default_and_trailing_spans_decide_nothing() -> None:
     assert decide_rollout(state, [comparison()], [], at(0), RolloutConfig()) == []
     assert decide_rollout(state, [comparison(span="trailing")], [], at(0), ROLLOUT) == []
     assert state.rollout == []
+
+
+def test_a_replay_of_the_closed_windows_reproduces_the_comparisons_and_decisions() -> None:
+    live = run(MemoryStore())
+    assert len(live.windows) == 2 * len(SCRIPT)  # per window: the policy's and production's
+    replayed = replay_decisions(live.windows, live.alerts, CFG)
+    assert replayed.comparisons == live.comparisons
+    assert replayed.routing == live.routing
+    stricter = dataclasses.replace(
+        CFG, rollout=dataclasses.replace(ROLLOUT, promote_after=4)
+    )  # the same traffic under other settings: one promotion fewer
+    other = replay_decisions(live.windows, live.alerts, stricter)
+    assert [r.action for r in other.routing] == ["start", "promote", "rollback"]
