@@ -244,14 +244,12 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 
 def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
-    from .capture.produce import read_events
+    from .capture.produce import input_files, read_events
     from .capture.sdk import TrajstreamProducer
 
     events: list[Any] = []
     bad = 0
-    for path in args.files:
-        if not path.is_file():
-            raise ConfigError(f"input file {path} does not exist")
+    for path in input_files(args.files):
         parsed = read_events(path)
         for err in parsed.errors:
             print(f"{path}:{err}", file=sys.stderr)
@@ -612,7 +610,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("produce", help="publish JSON-lines files of agent events")
-    p.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    p.add_argument(
+        "files",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="a JSON-lines file, or a directory: its *.jsonl files, in name order",
+    )
     p.add_argument(
         "--skip-invalid",
         action="store_true",

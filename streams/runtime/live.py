@@ -131,7 +131,7 @@ class TableStore:
 def source_of(event: Any) -> Source:
     """The core's view of a Faust event."""
     msg = event.message
-    return Source(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+    return Source.read(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
 
 
 class Pipeline:
@@ -711,7 +711,7 @@ class Pipeline:
             return []
         finally:
             await reader.stop()
-        return [Source(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
+        return [Source.read(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
 
 
 class ObservedTrinity:

@@ -233,7 +233,7 @@ class ReplayRunner:
         now = self.clock.advance(partition, record.timestamp)
         self._tick(partition, now)
         topic = self.topics.agent_events if record.kind == "event" else self.topics.user_feedback
-        src = Source(topic, partition, record.offset, record.key, record.value)
+        src = Source.read(topic, partition, record.offset, record.key, record.value)
         if record.kind == "event":
             self._assembled(self.assembler.on_record(src, now), now)
             return
