@@ -359,19 +359,17 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
         try:
             if topic not in await consumer.topics():
                 raise ConfigError(f"topic {topic} does not exist (kafka.topic_prefix?)")
-            consumer.subscribe([topic])
-            while batch := await consumer.getmany(timeout_ms=2000):
-                for msgs in batch.values():
-                    for m in msgs:
-                        d = codec.decode_as(m.value, SelectionDecision)
-                        counts[
-                            (
-                                d.agent_name or "-",
-                                d.selection.strategy,
-                                "selected" if d.selection.selected else "rejected",
-                                d.selection.reason,
-                            )
-                        ] += 1
+            partitions = sorted(consumer.partitions_for_topic(topic) or ())
+            for m in await kafka.read_whole(consumer, topic, partitions):
+                d = codec.decode_as(m.value, SelectionDecision)
+                counts[
+                    (
+                        d.agent_name or "-",
+                        d.selection.strategy,
+                        "selected" if d.selection.selected else "rejected",
+                        d.selection.reason,
+                    )
+                ] += 1
         finally:
             await consumer.stop()
         return counts
