@@ -2,7 +2,7 @@
 
 Read from, in order of precedence: keyword arguments, environment variables prefixed
 ``TRAJSTREAM_`` (nested with ``__``, e.g. ``TRAJSTREAM_COMMIT__INTERVAL_S=60``), a config file
-(TOML or YAML) named by ``TRAJSTREAM_CONFIG`` or ``--config``, then defaults. The standard
+(TOML or YAML) named by ``--config`` or else ``TRAJSTREAM_CONFIG``, then defaults. The standard
 ``KAFKA_BOOTSTRAP_SERVERS`` variable is honoured for the broker too. A bad value fails at start
 with :class:`~streams.errors.ConfigError` naming the setting and the environment variable.
 
@@ -636,7 +636,8 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get("TRAJSTREAM_CONFIG") or _CONFIG_FILE.get("path")
+        # --config (load_settings(config)) wins over TRAJSTREAM_CONFIG
+        path = _CONFIG_FILE.get("path") or os.environ.get("TRAJSTREAM_CONFIG")
         if path:
             suffix = Path(path).suffix.lower()
             if suffix == ".toml":
@@ -663,7 +664,7 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
         if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
             raise ConfigError(f"config file {path}: use a .toml or .yaml file")
         _CONFIG_FILE["path"] = str(path)
-    env_config = os.environ.get("TRAJSTREAM_CONFIG")
+    env_config = None if config is not None else os.environ.get("TRAJSTREAM_CONFIG")
     if env_config and not Path(env_config).is_file():
         raise ConfigError(f"TRAJSTREAM_CONFIG={env_config}: no such file")
     if env_config and Path(env_config).suffix.lower() not in (".toml", ".yaml", ".yml"):
@@ -674,6 +675,8 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     except pydantic.ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
     check_together(settings)
+    if config is not None:  # the file read, whatever TRAJSTREAM_CONFIG says
+        settings.config = Path(config)
     return settings
 
 

@@ -16,7 +16,7 @@ Faust's deserializer.
                   (only with a reward function that needs the LLM judge;
                   :func:`streams.io.judge.judge`, :mod:`streams.core.judge`)
 3. ``feedback``   rewarded -> POST /feedback, one per distinct step reward
-                  (:func:`streams.core.feedback.feedback_requests`,
+                  (:func:`streams.core.feedback.deliver`, as in replay;
                   :func:`streams.io.trinity.retrying`) -> ledger
 4. ``ledger``     ledger (acks + ticks) -> windows, alerts, POST /commit, commits
                   (:class:`~streams.core.ledger_stage.LedgerStage` and
@@ -57,7 +57,7 @@ from ..core.assemble import Assembler
 from ..core.clock import wall_clock
 from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
-from ..core.feedback import FeedbackRequest, feedback_requests
+from ..core.feedback import FeedbackRequest, deliver
 from ..core.judge import JudgeAnswerError
 from ..core.ledger import CommitPlan, due_commit, is_held
 from ..core.ledger_stage import LedgerStage
@@ -74,7 +74,6 @@ from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
     DriftAlert,
-    FeedbackAck,
     JudgeRequest,
     LedgerState,
     RewardedTrajectory,
@@ -131,7 +130,7 @@ class TableStore:
 def source_of(event: Any) -> Source:
     """The core's view of a Faust event."""
     msg = event.message
-    return Source(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+    return Source.read(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
 
 
 class Pipeline:
@@ -562,40 +561,35 @@ class Pipeline:
             out.reject(Reject("feedback", str(exc) or type(exc).__name__, type(exc).__name__, src))
             await self._send(out)
 
-    async def _feedback(self, src: Source) -> None:
-        rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
-        # one request per distinct step reward (one in the common case); all acknowledged
-        # before the trajectory's one acknowledgement goes to the ledger
-        requests = feedback_requests(rewarded)
+    async def send_feedback(self, request: FeedbackRequest, what: str) -> int:
+        """The feedback stage's port (:class:`~streams.core.feedback.FeedbackPort`): one
+        request under the one retry policy, at most ``trinity.max_connections`` at once; a
+        rejection or giving up is a :class:`RecordError` (a dead letter with the reason)."""
 
         def retried() -> None:
             self.stats["feedback.retries"] += 1
             self.metrics.feedback_retry()
 
-        started = time.monotonic()
-        attempts = 0
-        for request in requests:
-
-            async def send(request: FeedbackRequest = request) -> None:
-                async with self._http_slots:
-                    await self.trinity.feedback(
-                        request.msg_ids, request.reward, request.task_id, request.run_id
-                    )
-
-            try:
-                tries, _ = await retrying(
-                    send, self.retry, f"feedback for {rewarded.call_id}", on_retry=retried
+        async def send() -> None:
+            async with self._http_slots:
+                await self.trinity.feedback(
+                    request.msg_ids, request.reward, request.task_id, request.run_id
                 )
-            except TrinityGaveUp as exc:
-                raise RecordError(str(exc)) from exc
-            except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
-                raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
-            attempts = max(attempts, tries)
+
+        try:
+            tries, _ = await retrying(send, self.retry, what, on_retry=retried)
+        except TrinityGaveUp as exc:
+            raise RecordError(str(exc)) from exc
+        except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
+            raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
+        return tries
+
+    async def _feedback(self, src: Source) -> None:
+        rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
+        started = time.monotonic()
+        ack = await deliver(rewarded, self.send_feedback, utcnow)
         self.stats["feedback.acked"] += 1
         self.metrics.feedback_acked(time.monotonic() - started)
-        ack = FeedbackAck(
-            rewarded=rewarded, acked_at=utcnow(), attempts=attempts, feedbacks=len(requests)
-        )
         await self.t_ledger.send(
             key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
         )
@@ -711,7 +705,7 @@ class Pipeline:
             return []
         finally:
             await reader.stop()
-        return [Source(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
+        return [Source.read(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
 
 
 class ObservedTrinity:
