@@ -73,9 +73,10 @@ from ..models import (
     UserFeedback,
     utcnow,
 )
-from ..settings import GatewaySettings, Settings
+from ..settings import GatewayKey, GatewaySettings, Settings
 from ..topics import Topics
-from .chat import StreamAssembler, llm_step, steps_of_request, to_chat_message
+from .auth import KeyRing, check_listen
+from .chat import StreamAssembler, ask_usage, llm_step, steps_of_request, to_chat_message
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
 from .routing import Route, check_routable, decide_route
@@ -98,6 +99,12 @@ HEADER_AGENT_VERSION = "X-Trajstream-Agent-Version"
 HEADER_CONVERSATION = "X-Trajstream-Conversation-Id"
 HEADER_MARK = "X-Trajstream-Mark"
 _MAX_HEADER = 1024
+_KEY_AGENT: Any = (
+    web.RequestKey("trajstream_key_agent", str) if hasattr(web, "RequestKey") else "key_agent"
+)
+"""Where the auth middleware leaves the agent its key names (aiohttp >= 3.13: a RequestKey)."""
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+"""Routes served without a client key: the probes (no model is called, nothing recorded)."""
 _CALL_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
 
 
@@ -189,6 +196,8 @@ class GatewayConfig:
     max_connections: int = 256
     max_open_calls: int = 100_000
     count_steps: bool = True
+    api_keys: tuple[GatewayKey, ...] = ()
+    allow_anonymous: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
@@ -213,6 +222,8 @@ class GatewayConfig:
             max_connections=g.max_connections,
             max_open_calls=g.max_open_calls,
             count_steps=g.count_steps,
+            api_keys=tuple(g.api_keys),
+            allow_anonymous=g.allow_anonymous,
         )
 
     def __repr__(self) -> str:  # never show the key
@@ -244,6 +255,8 @@ class GatewayStats:
     upstream_errors: int = 0
     answered: dict[str, int] = field(default_factory=lambda: {"trinity": 0, "production": 0})
     shadow_failures: int = 0
+    unauthorized: int = 0
+    rate_limited: int = 0
 
 
 class Gateway:
@@ -264,6 +277,7 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._routes: dict[tuple[bool, str, str], Route] = {}
+        self.keys = KeyRing(config.api_keys)
         self.otlp_options: dict[str, Any] = {}
         """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
         self.url = ""
@@ -272,7 +286,7 @@ class Gateway:
 
     def app(self) -> web.Application:
         app = web.Application(
-            client_max_size=self.config.max_body_bytes, middlewares=[self._errors]
+            client_max_size=self.config.max_body_bytes, middlewares=[self._errors, self._auth]
         )
         r = app.router
         r.add_post("/v1/chat/completions", self._chat)
@@ -291,6 +305,7 @@ class Gateway:
             self.publisher.publish(record)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        check_listen(host, bool(self.config.api_keys), self.config.allow_anonymous)
         # no total limit (a long stream is fine); an upstream silent for timeout_s is a 504
         timeout = aiohttp.ClientTimeout(
             total=None,
@@ -347,6 +362,30 @@ class Gateway:
                 raise
             return openai_error(exc.status, exc.reason, type_="invalid_request_error")
 
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Every route but the probes needs a configured key (when any is configured)."""
+        if not self.keys or request.path in OPEN_PATHS:
+            return await handler(request)
+        verdict = self.keys.check(request.headers)
+        if verdict.status == 401:
+            self.stats.unauthorized += 1
+            return openai_error(
+                401, verdict.message, type_="invalid_request_error", code="invalid_api_key"
+            )
+        if verdict.status == 429:
+            self.stats.rate_limited += 1
+            response = openai_error(
+                429, verdict.message, type_="requests", code="rate_limit_exceeded"
+            )
+            response.headers["Retry-After"] = str(verdict.retry_after_s)
+            return response
+        if verdict.agent is not None:
+            request[_KEY_AGENT] = verdict.agent
+        return await handler(request)
+
     # -- parsing --------------------------------------------------------------------------------
 
     async def _json_body(self, request: web.Request, *, required: bool = True) -> Any:
@@ -391,6 +430,8 @@ class Gateway:
                     f"header {header} must be 1 to {_MAX_HEADER} printable characters", header
                 )
             fields[name] = value
+        if request.get(_KEY_AGENT) is not None:  # the key names its agent
+            fields["agent_name"] = request[_KEY_AGENT]
         raw_mark = request.headers.get(HEADER_MARK)
         now = utcnow()
         if raw_mark is not None:
@@ -598,8 +639,10 @@ class Gateway:
     ) -> web.StreamResponse:
         route = state.route
         began = time.perf_counter()
+        # usage on every stream: ask for it; strip it from a client that did not
+        sent, asked = ask_usage(body)
         try:
-            upstream = await self._send(route.upstream, body, raw)
+            upstream = await self._send(route.upstream, sent, raw if asked else None)
         except UpstreamFailed as exc:
             return self._upstream_error(exc, headers)
         async with upstream:
@@ -620,11 +663,15 @@ class Gateway:
             )
             response.headers["Cache-Control"] = "no-cache"
             await response.prepare(request)
-            assembler = StreamAssembler()
+            assembler = StreamAssembler(strip_usage=not asked)
             try:
                 async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                    assembler.feed(chunk)
+                    forwarded = assembler.feed(chunk)
+                    if forwarded:
+                        await response.write(forwarded)
+                rest = assembler.rest()
+                if rest:
+                    await response.write(rest)
             except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
                 # the agent saw a broken stream; nothing is recorded
                 log.warning("stream of call %s broke off: %s", call_id, type(exc).__name__)
@@ -795,6 +842,8 @@ class Gateway:
                 "open_calls": len(self.calls),
                 "requests": self.stats.requests,
                 "rejected": self.stats.rejected,
+                "unauthorized": self.stats.unauthorized,
+                "rate_limited": self.stats.rate_limited,
                 "upstream_errors": self.stats.upstream_errors,
                 "answered": self.stats.answered,
                 "shadow_failures": self.stats.shadow_failures,
