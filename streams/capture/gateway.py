@@ -150,6 +150,10 @@ class CallState:
     route: Route  # shared between calls decided alike (see Gateway._route)
     seqs: set[int] = field(default_factory=set)
     pending: set[asyncio.Task[None]] = field(default_factory=set)
+    shadows: dict[int, asyncio.Future[tuple[dict[str, Any], float] | None]] = field(
+        default_factory=dict
+    )
+    """shadow mode: Trinity's answer on its way, by the seq of the step it joins"""
 
 
 class CallTable:
@@ -495,10 +499,9 @@ class Gateway:
         for record in records:  # START and tool steps first: they happened before the answer
             self.publisher.publish(record)
 
-        if route.shadow:
-            task = self._spawn(self._shadow(call_id, body, state, one_step=not path_call))
-            state.pending.add(task)
-            task.add_done_callback(state.pending.discard)
+        if route.shadow and len(messages) not in state.seqs:
+            # Trinity answers the same request meanwhile; its answer joins the recorded step
+            state.shadows[len(messages)] = asyncio.ensure_future(self._shadow(call_id, body))
         if body.get("stream"):
             return await self._forward_stream(
                 raw, request, call_id, body, state, headers, path_call
@@ -565,20 +568,55 @@ class Gateway:
         latency_ms: float,
         one_step: bool,
     ) -> None:
+        """Record the answer the client saw; in shadow mode once Trinity's answer joins it."""
         now = utcnow()
         step = llm_step(call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now)
         if step.seq in state.seqs and not one_step:
             return  # a retried request: the first answer is the step
         state.seqs.add(step.seq)
+        shadow = state.shadows.pop(step.seq, None)
+        if shadow is None:
+            self._publish_step(step, one_step)
+            return
+        task = self._spawn(self._join_shadow(step, body, shadow, one_step))
+        state.pending.add(task)
+        task.add_done_callback(state.pending.discard)
+
+    async def _join_shadow(
+        self,
+        step: Completion,
+        body: dict[str, Any],
+        shadow: asyncio.Future[tuple[dict[str, Any], float] | None],
+        one_step: bool,
+    ) -> None:
+        """The step as the client saw it, with Trinity's answer to the same request beside it."""
+        got = await shadow
+        if got is not None:
+            answer, latency = got
+            with contextlib.suppress(pydantic.ValidationError):
+                theirs = llm_step(
+                    step.call_id, body, answer, upstream="trinity", latency_ms=latency, now=utcnow()
+                )
+                step = step.model_copy(
+                    update={
+                        "shadow_response_id": theirs.response_id,
+                        "shadow_output_messages": theirs.output_messages,
+                        "shadow_tool_call_details": theirs.tool_call_details,
+                        "shadow_latency_ms": latency,
+                    }
+                )
+        self._publish_step(step, one_step)
+
+    def _publish_step(self, step: Completion, one_step: bool) -> None:
         self.publisher.publish(step)
         if one_step:
             output = step.output_messages[0].content if step.output_messages else None
             self.publisher.publish(
                 AgentCall(
-                    event_id=f"{call_id}/end",
-                    call_id=call_id,
+                    event_id=f"{step.call_id}/end",
+                    call_id=step.call_id,
                     phase=CallPhase.END,
-                    event_time=now,
+                    event_time=step.event_time,
                     status=CallStatus.OK,
                     output=output,
                     step_count=1,
@@ -610,19 +648,18 @@ class Gateway:
         response.headers["Content-Type"] = content_type
         if upstream.status == 200:
             self.stats.answered[route.upstream] += 1
-            if not route.shadow:
-                with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
-                    answer = json.loads(data)
-                    if isinstance(answer, dict):
-                        self._record(
-                            call_id,
-                            body,
-                            answer,
-                            state,
-                            upstream=route.upstream,
-                            latency_ms=latency,
-                            one_step=path_call is None,
-                        )
+            with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
+                answer = json.loads(data)
+                if isinstance(answer, dict):
+                    self._record(
+                        call_id,
+                        body,
+                        answer,
+                        state,
+                        upstream=route.upstream,
+                        latency_ms=latency,
+                        one_step=path_call is None,
+                    )
         else:
             self.stats.upstream_errors += 1
         return response
@@ -679,7 +716,7 @@ class Gateway:
             await response.write_eof()
         latency = (time.perf_counter() - began) * 1000
         self.stats.answered[route.upstream] += 1
-        if assembler.done and not route.shadow:
+        if assembler.done:
             with contextlib.suppress(pydantic.ValidationError):
                 self._record(
                     call_id,
@@ -693,9 +730,9 @@ class Gateway:
         return response
 
     async def _shadow(
-        self, call_id: str, body: dict[str, Any], state: CallState, *, one_step: bool
-    ) -> None:
-        """The same request to Trinity (not streamed); its answer is the training step."""
+        self, call_id: str, body: dict[str, Any]
+    ) -> tuple[dict[str, Any], float] | None:
+        """The same request to Trinity (not streamed): its answer and latency, None on failure."""
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         began = time.perf_counter()
         try:
@@ -705,20 +742,15 @@ class Gateway:
                 if upstream.status != 200:
                     raise UpstreamFailed(upstream.status, data[:200].decode(errors="replace"), "")
             answer = json.loads(data)
-            self._record(
-                call_id,
-                body,
-                answer,
-                state,
-                upstream="trinity-shadow",
-                latency_ms=(time.perf_counter() - began) * 1000,
-                one_step=one_step,
-            )
+            if not isinstance(answer, dict):
+                raise ValueError("the answer is not a JSON object")
+            return answer, (time.perf_counter() - began) * 1000
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.stats.shadow_failures += 1
             log.warning("shadow request of call %s to Trinity failed: %s", call_id, exc)
+            return None
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         call_id = self._call_id(request)

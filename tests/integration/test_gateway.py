@@ -57,12 +57,13 @@ async def running_gateway(
     production_url: str,
     spill: Path,
     strategy: str = "sampling:1",
+    mark_ttl_s: float = 60,
     **gateway: Any,
 ) -> AsyncIterator[Gateway]:
     settings = load_settings(
         kafka={"bootstrap_servers": bootstrap, "topic_prefix": prefix, "partitions": 2},
         trinity={"url": trinity_url},
-        selection={"strategy": strategy},
+        selection={"strategy": strategy, "mark_ttl_s": mark_ttl_s},
         gateway={
             "production_url": production_url,
             "production_api_key": "sk-test-secret",
@@ -281,7 +282,7 @@ async def test_routing_follows_the_documented_hash_over_1000_calls(
     )
 
 
-async def test_shadow_mode_answers_from_production_and_records_trinity(
+async def test_shadow_mode_answers_from_production_and_records_both_answers(
     kafka_bootstrap, prefix, standin, production, tmp_path
 ):
     async with running_gateway(
@@ -316,8 +317,12 @@ async def test_shadow_mode_answers_from_production_and_records_trinity(
     )
     (marked_step,) = [r for r in call_events(records, "marked-1") if isinstance(r, Completion)]
     (plain_step,) = [r for r in call_events(records, "plain-1") if isinstance(r, Completion)]
-    assert marked_step.upstream == "trinity-shadow"
-    assert list(standin.state.experiences) == [marked_step.response_id]
+    # the step is what the client saw; Trinity's answer to the same request travels with it
+    assert marked_step.upstream == "production"
+    assert marked_step.response_id == answers["marked-1"].id
+    assert list(standin.state.experiences) == [marked_step.shadow_response_id]
+    assert marked_step.msg_id == marked_step.shadow_response_id
+    assert plain_step.shadow_response_id is None and plain_step.msg_id is None
     assert plain_step.upstream == "production" and plain_step.response_id == answers["plain-1"].id
 
 
