@@ -11,12 +11,13 @@ May import: pydantic, pydantic-settings, :mod:`streams.errors`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -31,6 +32,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -473,10 +475,45 @@ class CommitSettings(_Section):
     )
 
 
+class GatewayKey(_Section):
+    """A client credential of the gateway: a bearer key, optionally naming its agent and rate."""
+
+    key: SecretStr = Field(description="the bearer token a client sends; never logged")
+    agent: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="the agent name recorded for this key's calls (X-Trajstream-Agent-Name "
+        "is then ignored)",
+    )
+    rate_per_s: PositiveFloat | None = Field(
+        default=None,
+        description="requests a second this key may make (a bucket of one second's worth); "
+        "past it: 429",
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _not_blank(cls, v: SecretStr) -> SecretStr:
+        if len(v.get_secret_value().strip()) < 8:
+            raise ValueError("a key must be at least 8 characters")
+        return v
+
+
 class GatewaySettings(_Section):
     """The OpenAI-compatible gateway (``trajstream gateway``)."""
 
     host: str = "127.0.0.1"
+    api_keys: Annotated[list[GatewayKey], NoDecode] = Field(
+        default_factory=list,
+        description="client credentials checked on every route (a JSON list of keys, or of "
+        '{"key", "agent", "rate_per_s"}); empty: only a loopback host unless allow_anonymous',
+    )
+    allow_anonymous: bool = Field(
+        default=False,
+        description="serve without api_keys on a host other than loopback (anyone who reaches "
+        "it spends the production key)",
+    )
     port: int = Field(default=8000, ge=0, le=65535)
     mode: Literal["route", "shadow"] = Field(
         default="route",
@@ -519,6 +556,31 @@ class GatewaySettings(_Section):
     @classmethod
     def _no_trailing_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _plain_keys(cls, v: Any) -> Any:
+        """A key alone stands for ``{"key": ...}``; a string is a JSON list or comma-separated
+        keys (the environment variable)."""
+        if isinstance(v, str | SecretStr):
+            text = (v.get_secret_value() if isinstance(v, SecretStr) else v).strip()
+            if text.startswith("["):
+                try:
+                    v = json.loads(text)
+                except ValueError:
+                    raise ValueError("not a JSON list of keys") from None
+            else:
+                v = [part.strip() for part in text.split(",") if part.strip()]
+        if isinstance(v, list):
+            return [{"key": k} if isinstance(k, str | SecretStr) else k for k in v]
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _distinct_keys(cls, v: list[GatewayKey]) -> list[GatewayKey]:
+        if len({k.key.get_secret_value() for k in v}) != len(v):
+            raise ValueError("the same key is listed twice")
+        return v
 
     @field_validator("spill_dir")
     @classmethod

@@ -46,7 +46,7 @@ from ..models import (
     Tick,
     Trajectory,
 )
-from .select import CallView, Strategy
+from .select import CallView, Strategy, routed_selection
 
 __all__ = [
     "SEQ_SPACE",
@@ -285,12 +285,16 @@ def close(
 ) -> tuple[Selection, Trajectory | None]:
     """Decide selection for a closing call and build its trajectory when selected.
 
+    A call a gateway routed is selected as its START says (:func:`~.select.routed_selection`);
+    the others by ``strategy``.
+
     A call closed without its END (abandoned, or oversized before its end) is decided like any
     other and, when selected, keeps what it had; its ``closed_reason`` says why it closed, and
     the reward stage does not score it unless told to.
     """
     view = view_of(state)
-    selection = strategy.decide(view)
+    # a routed call keeps the gateway's decision; any other is decided now
+    selection = routed_selection(state.start) or strategy.decide(view)
     if not selection.selected:
         return selection, None
     start, end = state.start, state.end
