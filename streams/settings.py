@@ -514,7 +514,6 @@ class GatewaySettings(_Section):
         default=True,
         description="END carries the steps this process recorded: needs call-sticky replicas",
     )
-
     @field_validator("production_url")
     @classmethod
     def _no_trailing_slash(cls, v: str | None) -> str | None:
@@ -543,10 +542,12 @@ class OtlpSettings(_Section):
         "agent call (agent), or a call of its own (own: for agents with no invoke_agent spans)",
     )
     resolve: Literal["export", "trace"] = Field(
-        default="export",
-        description="where a step span's call is found: among the ancestors in its own export "
-        "(export), or by the span-resolution stage over the whole trace (trace: the ingest "
-        "publishes every span's parent link to <p>.spans, keyed by trace id)",
+        default="trace",
+        description="where a step span's call is found: by the workers' span-resolution stage "
+        "over the whole trace (trace: the ingest publishes every span's parent link to "
+        "<p>.spans, keyed by trace id), or among the ancestors in its own export (export: the "
+        "ingest publishes agent events; `trajstream otlp` only, the gateway's /v1/traces "
+        "always maps per export)",
     )
     settle_s: PositiveFloat = Field(
         default=5.0,
