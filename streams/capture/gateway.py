@@ -76,6 +76,7 @@ from ..models import (
 from ..settings import GatewaySettings, Settings
 from ..topics import Topics
 from .chat import StreamAssembler, llm_step, steps_of_request, to_chat_message
+from .gateway_apis import ApiConfig, ApiRoutes
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
 from .routing import Route, check_routable, decide_route
@@ -266,6 +267,7 @@ class Gateway:
         self._routes: dict[tuple[bool, str, str], Route] = {}
         self.otlp_options: dict[str, Any] = {}
         """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
+        self.apis = ApiRoutes(self)  # /v1/responses and /v1/messages (gateway_apis)
         self.url = ""
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -284,6 +286,7 @@ class Gateway:
         r.add_get("/healthz", self._health)
         # OpenTelemetry GenAI spans, the second way in: same records, same durable buffer
         add_otlp_routes(app, self._publish_spans, **self.otlp_options)
+        self.apis.mount(app)  # the Responses and Messages APIs: same records, same decisions
         return app
 
     async def _publish_spans(self, records: Sequence[AgentCall | Completion]) -> None:
@@ -739,6 +742,7 @@ class Gateway:
             )
         )
         self.calls.pop(call_id)
+        self.apis.items.forget(call_id)
         return web.json_response(
             {"status": "accepted", "call_id": call_id, "step_count": step_count}, status=202
         )
@@ -863,6 +867,7 @@ def build_gateway(
         "publish_timeout": otlp.publish_timeout_s,
         "missing_parent": otlp.missing_parent,
     }
+    gateway.apis.configure(ApiConfig.from_settings(settings.gateway))
     return gateway
 
 
