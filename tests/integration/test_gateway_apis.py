@@ -263,8 +263,9 @@ async def messages_turns(base_url: str, *, stream: bool) -> list[str]:
     return ids
 
 
-async def agents_sdk_run(base_url: str) -> list[str]:
-    """A real Agents SDK agent with one function tool; the ids of its model responses."""
+async def agents_sdk_run(base_url: str, *, stream: bool = False) -> list[str]:
+    """A real Agents SDK agent with one function tool (``Runner.run``, or ``run_streamed``
+    with its events read); the ids of its model responses."""
     from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)  # its own tracing would export to OpenAI
@@ -283,7 +284,13 @@ async def agents_sdk_run(base_url: str) -> list[str]:
         tools=[lookup_order],
         model=OpenAIResponsesModel(model="agent-model", openai_client=client),
     )
-    result = await Runner.run(agent, "Where is order 42?")
+    if stream:
+        streamed = Runner.run_streamed(agent, "Where is order 42?")
+        kinds = {event.type async for event in streamed.stream_events()}
+        assert "raw_response_event" in kinds
+        result: Any = streamed
+    else:
+        result = await Runner.run(agent, "Where is order 42?")
     assert looked_up == ["Where is order 42?"]
     assert str(result.final_output).startswith("stand-in reply to:")
     return [str(r.response_id) for r in result.raw_responses]
@@ -337,6 +344,7 @@ async def test_route_mode_every_client_becomes_one_trajectory_and_trinity_gets_i
             ("messages-json", lambda b: messages_turns(b, stream=False)),
             ("messages-stream", lambda b: messages_turns(b, stream=True)),
             ("agents-sdk", lambda b: agents_sdk_run(f"{b}/v1")),
+            ("agents-sdk-stream", lambda b: agents_sdk_run(f"{b}/v1", stream=True)),
         ):
             served[name] = [msg_id(i) for i in await run(f"{gw.url}/calls/{name}")]
             await end(gw, name)
@@ -449,3 +457,57 @@ async def test_production_answers_and_the_step_is_production_s_or_trinity_s_shad
     assert len({r.call_id for r in alone}) == 2
     for call_id in {r.call_id for r in alone}:
         check_once(events_of(records, call_id), ["LLM"])
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+
+async def test_bad_requests_get_each_api_s_error_shape_and_are_recorded_nowhere(
+    kafka_bootstrap: str,
+    prefix: str,
+    standin: StandIn,
+    production: tuple[StandIn, ApiProduction],
+    tmp_path: Path,
+) -> None:
+    _, api = production
+    async with running_gateway(
+        kafka_bootstrap,
+        prefix,
+        standin.url,
+        api.url,
+        tmp_path / "spill",
+        anthropic_url=None,
+        strategy="sampling:0",
+    ) as gw:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/calls/bad-1/v1", api_key="k", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as unknown:
+            await client.responses.create(
+                model="m", input="hi", previous_response_id="resp_never_served"
+            )
+        assert unknown.value.code == "previous_response_not_found"
+        with pytest.raises(openai.BadRequestError) as no_model:
+            await client.responses.create(model="", input="hi")
+        assert no_model.value.param == "model"
+        claude = anthropic.AsyncAnthropic(
+            base_url=f"{gw.url}/calls/bad-2", api_key="k", max_retries=0
+        )
+        with pytest.raises(anthropic.BadRequestError) as bad_messages:
+            await claude.messages.create(
+                model="m",
+                max_tokens=8,
+                messages=[{"content": "no role"}],  # type: ignore[typeddict-item]
+            )
+        assert bad_messages.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{gw.url}/v1/messages", data=b"{not json") as r:
+                assert r.status == 400
+                assert (await r.json())["type"] == "error"
+            # not routed to Trinity and no Anthropic upstream configured: 503 naming the setting
+            body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(f"{gw.url}/calls/bad-3/v1/messages", json=body) as r:
+                assert r.status == 503
+                assert "gateway.anthropic_url" in (await r.json())["error"]["message"]
+        assert await gw.publisher.flush(30)
+    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
+    assert [r for r in records if getattr(r, "call_id", "") in ("bad-1", "bad-2", "bad-3")] == []
+    assert api.headers == []  # nothing refused reached production
