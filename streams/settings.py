@@ -551,8 +551,22 @@ class GatewaySettings(_Section):
         default=True,
         description="END carries the steps this process recorded: needs call-sticky replicas",
     )
+    anthropic_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="base URL of Anthropic's API, without /v1 (https://api.anthropic.com): the "
+        "production upstream of /v1/messages; unset, only calls routed to Trinity are answered",
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        default=None, description="sent to anthropic_url as x-api-key; never logged"
+    )
+    responses_calls: PositiveInt = Field(
+        default=10_000,
+        description="calls whose Responses API items are kept for previous_response_id "
+        "(least recently used dropped; a response past 2048 items or 8 MB is not kept)",
+    )
 
-    @field_validator("production_url")
+    @field_validator("production_url", "anthropic_url")
     @classmethod
     def _no_trailing_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
@@ -605,10 +619,12 @@ class OtlpSettings(_Section):
         "agent call (agent), or a call of its own (own: for agents with no invoke_agent spans)",
     )
     resolve: Literal["export", "trace"] = Field(
-        default="export",
-        description="where a step span's call is found: among the ancestors in its own export "
-        "(export), or by the span-resolution stage over the whole trace (trace: the ingest "
-        "publishes every span's parent link to <p>.spans, keyed by trace id)",
+        default="trace",
+        description="where a step span's call is found: by the workers' span-resolution stage "
+        "over the whole trace (trace: the ingest publishes every span's parent link to "
+        "<p>.spans, keyed by trace id), or among the ancestors in its own export (export: the "
+        "ingest publishes agent events; `trajstream otlp` only, the gateway's /v1/traces "
+        "always maps per export)",
     )
     settle_s: PositiveFloat = Field(
         default=5.0,

@@ -77,6 +77,7 @@ from ..settings import GatewayKey, GatewaySettings, Settings
 from ..topics import Topics
 from .auth import KeyRing, check_listen
 from .chat import StreamAssembler, ask_usage, llm_step, steps_of_request, to_chat_message
+from .gateway_apis import ApiConfig, ApiRoutes
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
 from .routing import Route, check_routable, decide_route
@@ -284,6 +285,7 @@ class Gateway:
         self.keys = KeyRing(config.api_keys)
         self.otlp_options: dict[str, Any] = {}
         """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
+        self.apis = ApiRoutes(self)  # /v1/responses and /v1/messages (gateway_apis)
         self.url = ""
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -302,6 +304,7 @@ class Gateway:
         r.add_get("/healthz", self._health)
         # OpenTelemetry GenAI spans, the second way in: same records, same durable buffer
         add_otlp_routes(app, self._publish_spans, **self.otlp_options)
+        self.apis.mount(app)  # the Responses and Messages APIs: same records, same decisions
         return app
 
     async def _publish_spans(self, records: Sequence[AgentCall | Completion]) -> None:
@@ -818,6 +821,7 @@ class Gateway:
             )
         )
         self.calls.pop(call_id)
+        self.apis.items.forget(call_id)
         return web.json_response(
             {"status": "accepted", "call_id": call_id, "step_count": step_count}, status=202
         )
@@ -944,6 +948,7 @@ def build_gateway(
         "publish_timeout": otlp.publish_timeout_s,
         "missing_parent": otlp.missing_parent,
     }
+    gateway.apis.configure(ApiConfig.from_settings(settings.gateway))
     return gateway
 
 

@@ -7,6 +7,8 @@ wall clock as ``now`` and sends what the stage returns; the Faust tables are the
 with its reason and source topic/partition/offset, instead of a crash or a silent skip inside
 Faust's deserializer.
 
+0. ``spans``      spans + ticks -> agent-events (OTLP trace fragments -> each call's records;
+                  :mod:`.spans_agent`, :class:`~streams.core.spans.SpanResolver`; table ``traces``)
 1. ``assemble``   agent-events + ticks  -> trajectories, decisions, late-events
                   (:class:`~streams.core.assemble.Assembler`; tables ``pending``, ``closed``)
 2. ``reward``     trajectories + user-feedback + ticks (+ verdicts) -> rewarded (+ judge-requests)
@@ -88,7 +90,7 @@ from ..observe.web import ObserveServer
 from ..settings import RECORD_HEADROOM, Settings
 from ..topics import Topics
 from ..wire import TopicFraming
-from . import handover
+from . import handover, spans_agent
 from .config import judge_of, ledger_config_of, limits_of
 from .producing import install_idempotence, raw_schema
 
@@ -191,6 +193,7 @@ class Pipeline:
             app_id=settings.app_id,
             inputs=(
                 t.agent_events,
+                t.spans,
                 t.ticks,
                 t.trajectories,
                 t.user_feedback,
@@ -322,6 +325,10 @@ class Pipeline:
             async for event in stream.events():
                 await self._guard("assemble", event, self.assembler.on_record)
 
+        # 0. spans: OTLP trace fragments -> each call's records on agent-events (spans_agent)
+        self.t_agent_events = self.t_events  # the stage's output topic, by the core's name
+        self.span_resolver = spans_agent.install(self, app, raw_table)
+
         # 2. reward: trajectory (+ user feedback, within the grace period, + the judge's
         # verdict) -> rewarded; a judge request once per call that needs a verdict
         @app.agent(
@@ -397,6 +404,7 @@ class Pipeline:
             # changed them meanwhile
             self.assembler.reset()
             self.reward_join.reset()
+            self.span_resolver.reset()
 
         @app.on_before_shutdown.connect
         async def _final(app: faust.App, **_: Any) -> None:
