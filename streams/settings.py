@@ -29,6 +29,7 @@ from pydantic import (
     SecretStr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -500,8 +501,58 @@ class GatewayKey(_Section):
         return v
 
 
+class CompareSettings(_Section):
+    """The comparison of the policy with production (:mod:`streams.core.compare`)."""
+
+    level: float = Field(
+        default=0.95, gt=0.5, lt=1.0, description="confidence level of the difference's interval"
+    )
+    min_count: int = Field(
+        default=10, ge=2, description="calls each arm needs in a window for a verdict"
+    )
+    trailing_windows: PositiveInt = Field(
+        default=10, description="windows pooled in the trailing comparison"
+    )
+
+
+class RolloutSettings(_Section):
+    """Promotion and rollback of the policy (``gateway.rollout``, :mod:`streams.core.rollout`)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="the ledger owner moves each agent's policy share on <p>.routing and the "
+        "gateway routes by it",
+    )
+    initial_share: float = Field(default=0.05, ge=0.0, le=1.0)
+    step: float = Field(default=0.1, gt=0.0, le=1.0, description="share added per promotion")
+    max_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    floor: float = Field(default=0.0, ge=0.0, le=1.0, description="share after a rollback")
+    promote_after: PositiveInt = Field(
+        default=3, description="consecutive windows the policy must win with confidence"
+    )
+    rollback_after: PositiveInt = Field(
+        default=1, description="consecutive windows lost with confidence that roll it back"
+    )
+    apply_delay_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        description="a change applies to calls starting this long after it is decided",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RolloutSettings:
+        if not self.floor <= self.initial_share <= self.max_share:
+            raise ValueError(
+                "gateway.rollout needs floor <= initial_share <= max_share, got "
+                f"{self.floor} / {self.initial_share} / {self.max_share}"
+            )
+        return self
+
+
 class GatewaySettings(_Section):
     """The OpenAI-compatible gateway (``trajstream gateway``)."""
+
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
 
     host: str = "127.0.0.1"
     api_keys: Annotated[list[GatewayKey], NoDecode] = Field(
@@ -692,6 +743,7 @@ class Settings(BaseSettings):
     reward: RewardSettings = Field(default_factory=RewardSettings)
     windows: WindowSettings = Field(default_factory=WindowSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
+    compare: CompareSettings = Field(default_factory=CompareSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     otlp: OtlpSettings = Field(default_factory=OtlpSettings)

@@ -80,7 +80,8 @@ from .chat import StreamAssembler, ask_usage, llm_step, steps_of_request, to_cha
 from .gateway_apis import ApiConfig, ApiRoutes
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
-from .routing import Route, check_routable, decide_route
+from .routing import RolloutStrategy, Route, ShareBook, check_routable, decide_route
+from .routing_follow import ShareFollower
 
 __all__ = [
     "BadRequest",
@@ -287,6 +288,8 @@ class Gateway:
         """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
         self.apis = ApiRoutes(self)  # /v1/responses and /v1/messages (gateway_apis)
         self.url = ""
+        self.follower: ShareFollower | None = None
+        """With ``gateway.rollout``: the reader of ``<p>.routing`` (started and stopped here)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -325,6 +328,8 @@ class Gateway:
             auto_decompress=False,
         )
         await self.publisher.start()
+        if self.follower is not None:  # gateway.rollout: the shares in force before any call
+            await self.follower.start()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -341,6 +346,8 @@ class Gateway:
             await asyncio.wait(self._background, timeout=self.config.timeout_s)
         if self._session is not None:
             await self._session.close()
+        if self.follower is not None:
+            await self.follower.stop()
         await self.publisher.stop(flush_timeout)
 
     # -- middleware: every error in OpenAI's shape ---------------------------------------------
@@ -906,6 +913,9 @@ def build_gateway(
     )
     check_routable(strategy, spec)
     bootstrap = settings.bootstrap_servers
+    book = ShareBook() if settings.gateway.rollout.enabled else None
+    if book is not None:  # the share the ledger owner decides; the strategy for new agents
+        strategy = RolloutStrategy(strategy, book)
     if producer_factory is None:
         if not bootstrap:
             from ..errors import ConfigError
@@ -942,6 +952,10 @@ def build_gateway(
         prepare=prepare,
     )
     gateway = Gateway(config, strategy, publisher)
+    if book is not None and bootstrap:
+        gateway.follower = ShareFollower(
+            bootstrap, topics.routing, book, security=settings.kafka.security
+        )
     otlp = settings.otlp
     gateway.otlp_options = {
         "max_body": otlp.max_body_bytes,

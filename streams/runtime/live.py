@@ -75,10 +75,12 @@ from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
+    Comparison,
     DriftAlert,
     JudgeRequest,
     LedgerState,
     RewardedTrajectory,
+    RoutingShare,
     SelectionDecision,
     Tick,
     WindowSummary,
@@ -293,6 +295,8 @@ class Pipeline:
         self.t_alerts = raw_topic(t.alerts, 1)
         self.t_judge_requests = raw_topic(t.judge_requests, n)
         self.t_verdicts = raw_topic(t.verdicts, n)
+        self.t_comparisons = raw_topic(t.comparisons, 1)
+        self.t_routing = raw_topic(t.routing, 1)
         self.pending = raw_table("pending", n)
         self.closed = raw_table("closed", n)
         self.awaiting = raw_table("awaiting", n)
@@ -483,6 +487,10 @@ class Pipeline:
             self.metrics.window(record)
         elif isinstance(record, DriftAlert):
             self.metrics.drift_alert(record)
+        elif isinstance(record, Comparison):
+            self.metrics.comparison(record)
+        elif isinstance(record, RoutingShare):
+            self.metrics.routing(record)
 
     async def _reject(self, reject: Reject) -> None:
         record = dead_letter(
