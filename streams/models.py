@@ -200,6 +200,18 @@ class Completion(AvroModel):
     tool_call_details: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     upstream: str | None = None
+    shadow_response_id: str | None = None
+    shadow_output_messages: list[ChatMessage] = Field(default_factory=list)
+    shadow_tool_call_details: list[ToolCall] = Field(default_factory=list)
+    shadow_latency_ms: Annotated[float, Field(ge=0)] | None = None
+
+    @property
+    def msg_id(self) -> str | None:
+        """The id Trinity knows this step's experience by: its shadow answer's (shadow mode),
+        else its own response id, unless production answered it (Trinity never saw that)."""
+        if self.shadow_response_id:
+            return self.shadow_response_id
+        return self.response_id if self.upstream != "production" else None
 
 
 class UserFeedback(AvroModel):
@@ -269,8 +281,9 @@ class Trajectory(AvroModel):
 
     @property
     def msg_ids(self) -> list[str]:
-        """Response ids of the LLM steps, in step order: what Trinity calls msg_ids."""
-        return [s.response_id for s in self.steps if s.kind is StepKind.LLM and s.response_id]
+        """Trinity's ids of the LLM steps, in step order: what Trinity calls msg_ids (a shadowed
+        step's Trinity answer; never an id production issued, see :attr:`Completion.msg_id`)."""
+        return [s.msg_id for s in self.steps if s.kind is StepKind.LLM and s.msg_id]
 
 
 class RewardedTrajectory(AvroModel):

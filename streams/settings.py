@@ -2,7 +2,7 @@
 
 Read from, in order of precedence: keyword arguments, environment variables prefixed
 ``TRAJSTREAM_`` (nested with ``__``, e.g. ``TRAJSTREAM_COMMIT__INTERVAL_S=60``), a config file
-(TOML or YAML) named by ``TRAJSTREAM_CONFIG`` or ``--config``, then defaults. The standard
+(TOML or YAML) named by ``--config`` or else ``TRAJSTREAM_CONFIG``, then defaults. The standard
 ``KAFKA_BOOTSTRAP_SERVERS`` variable is honoured for the broker too. A bad value fails at start
 with :class:`~streams.errors.ConfigError` naming the setting and the environment variable.
 
@@ -11,12 +11,13 @@ May import: pydantic, pydantic-settings, :mod:`streams.errors`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -32,6 +33,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -474,6 +476,31 @@ class CommitSettings(_Section):
     )
 
 
+class GatewayKey(_Section):
+    """A client credential of the gateway: a bearer key, optionally naming its agent and rate."""
+
+    key: SecretStr = Field(description="the bearer token a client sends; never logged")
+    agent: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="the agent name recorded for this key's calls (X-Trajstream-Agent-Name "
+        "is then ignored)",
+    )
+    rate_per_s: PositiveFloat | None = Field(
+        default=None,
+        description="requests a second this key may make (a bucket of one second's worth); "
+        "past it: 429",
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _not_blank(cls, v: SecretStr) -> SecretStr:
+        if len(v.get_secret_value().strip()) < 8:
+            raise ValueError("a key must be at least 8 characters")
+        return v
+
+
 class CompareSettings(_Section):
     """The comparison of the policy with production (:mod:`streams.core.compare`)."""
 
@@ -528,6 +555,16 @@ class GatewaySettings(_Section):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
 
     host: str = "127.0.0.1"
+    api_keys: Annotated[list[GatewayKey], NoDecode] = Field(
+        default_factory=list,
+        description="client credentials checked on every route (a JSON list of keys, or of "
+        '{"key", "agent", "rate_per_s"}); empty: only a loopback host unless allow_anonymous',
+    )
+    allow_anonymous: bool = Field(
+        default=False,
+        description="serve without api_keys on a host other than loopback (anyone who reaches "
+        "it spends the production key)",
+    )
     port: int = Field(default=8000, ge=0, le=65535)
     mode: Literal["route", "shadow"] = Field(
         default="route",
@@ -565,11 +602,50 @@ class GatewaySettings(_Section):
         default=True,
         description="END carries the steps this process recorded: needs call-sticky replicas",
     )
+    anthropic_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="base URL of Anthropic's API, without /v1 (https://api.anthropic.com): the "
+        "production upstream of /v1/messages; unset, only calls routed to Trinity are answered",
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        default=None, description="sent to anthropic_url as x-api-key; never logged"
+    )
+    responses_calls: PositiveInt = Field(
+        default=10_000,
+        description="calls whose Responses API items are kept for previous_response_id "
+        "(least recently used dropped; a response past 2048 items or 8 MB is not kept)",
+    )
 
-    @field_validator("production_url")
+    @field_validator("production_url", "anthropic_url")
     @classmethod
     def _no_trailing_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _plain_keys(cls, v: Any) -> Any:
+        """A key alone stands for ``{"key": ...}``; a string is a JSON list or comma-separated
+        keys (the environment variable)."""
+        if isinstance(v, str | SecretStr):
+            text = (v.get_secret_value() if isinstance(v, SecretStr) else v).strip()
+            if text.startswith("["):
+                try:
+                    v = json.loads(text)
+                except ValueError:
+                    raise ValueError("not a JSON list of keys") from None
+            else:
+                v = [part.strip() for part in text.split(",") if part.strip()]
+        if isinstance(v, list):
+            return [{"key": k} if isinstance(k, str | SecretStr) else k for k in v]
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _distinct_keys(cls, v: list[GatewayKey]) -> list[GatewayKey]:
+        if len({k.key.get_secret_value() for k in v}) != len(v):
+            raise ValueError("the same key is listed twice")
+        return v
 
     @field_validator("spill_dir")
     @classmethod
@@ -594,10 +670,12 @@ class OtlpSettings(_Section):
         "agent call (agent), or a call of its own (own: for agents with no invoke_agent spans)",
     )
     resolve: Literal["export", "trace"] = Field(
-        default="export",
-        description="where a step span's call is found: among the ancestors in its own export "
-        "(export), or by the span-resolution stage over the whole trace (trace: the ingest "
-        "publishes every span's parent link to <p>.spans, keyed by trace id)",
+        default="trace",
+        description="where a step span's call is found: by the workers' span-resolution stage "
+        "over the whole trace (trace: the ingest publishes every span's parent link to "
+        "<p>.spans, keyed by trace id), or among the ancestors in its own export (export: the "
+        "ingest publishes agent events; `trajstream otlp` only, the gateway's /v1/traces "
+        "always maps per export)",
     )
     settle_s: PositiveFloat = Field(
         default=5.0,
@@ -688,7 +766,8 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get("TRAJSTREAM_CONFIG") or _CONFIG_FILE.get("path")
+        # --config (load_settings(config)) wins over TRAJSTREAM_CONFIG
+        path = _CONFIG_FILE.get("path") or os.environ.get("TRAJSTREAM_CONFIG")
         if path:
             suffix = Path(path).suffix.lower()
             if suffix == ".toml":
@@ -715,7 +794,7 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
         if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
             raise ConfigError(f"config file {path}: use a .toml or .yaml file")
         _CONFIG_FILE["path"] = str(path)
-    env_config = os.environ.get("TRAJSTREAM_CONFIG")
+    env_config = None if config is not None else os.environ.get("TRAJSTREAM_CONFIG")
     if env_config and not Path(env_config).is_file():
         raise ConfigError(f"TRAJSTREAM_CONFIG={env_config}: no such file")
     if env_config and Path(env_config).suffix.lower() not in (".toml", ".yaml", ".yml"):
@@ -726,6 +805,8 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     except pydantic.ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
     check_together(settings)
+    if config is not None:  # the file read, whatever TRAJSTREAM_CONFIG says
+        settings.config = Path(config)
     return settings
 
 

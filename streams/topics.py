@@ -110,8 +110,8 @@ class Topics:
 
     @property
     def spans(self) -> str:
-        """OTLP trace fragments keyed by trace id, for the span-resolution stage (``otlp.resolve
-        = trace``; not in :meth:`all` until a worker runs that stage)."""
+        """OTLP trace fragments keyed by trace id, read by the workers' span-resolution stage
+        (written by the OTLP ingest with ``otlp.resolve = trace``, the default)."""
         return self._t("spans")
 
     @property
@@ -148,6 +148,7 @@ class Topics:
             self.alerts: 1,
             self.judge_requests: n,
             self.verdicts: n,
+            self.spans: n,
             self.comparisons: 1,
             self.routing: 1,
         }
@@ -174,14 +175,17 @@ class Topics:
             self.alerts: (r + "DriftAlert",),
             self.judge_requests: (r + "JudgeRequest",),
             self.verdicts: (r + "JudgeVerdict",),
+            self.spans: (r + "TraceFragment",),
             self.replayed: (r + "FeedbackAck", r + "CommitRecord", r + "LedgerState"),
             self.comparisons: (r + "Comparison",),
             self.routing: (r + "RoutingShare",),
         }
 
     def worker_writes(self) -> list[str]:
-        """The topics a worker writes (what it registers with a schema registry)."""
+        """The topics a worker writes (what it registers with a schema registry): agent-events
+        too, where the span-resolution stage emits the calls it resolved."""
         return [
+            self.agent_events,
             self.ticks,
             self.trajectories,
             self.rewarded,

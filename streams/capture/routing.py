@@ -11,8 +11,11 @@ A strategy is routable when it can decide from the start. The built-in ones can:
 step, known only when the call ends. A plugin declares that it can with a class attribute
 ``decides_at_start = True``; any other plugin is refused at start with a :class:`ConfigError`.
 
-The workers check a mark's TTL again when the call ends: set ``selection.mark_ttl_s`` longer than
-the calls you route, or a long call routed to Trinity is not trained on.
+The decision is the selection: the workers select a call exactly as its START's
+``trajstream.route.selected`` says (:func:`streams.core.select.routed_selection`), so a call
+Trinity answered is trained on however long it runs, and a mark that arrives only with END is
+recorded (its labels reach the rewards) but selects nothing. A mark's TTL is checked once, here:
+against the time of the call's first request.
 
 With ``gateway.rollout`` on, the strategy is a :class:`RolloutStrategy`: the policy's share of
 each agent's traffic is what the ledger owner last wrote on ``<p>.routing``
@@ -84,8 +87,9 @@ class Route:
 
     @property
     def recorded_upstream(self) -> str:
-        """The upstream whose answer is recorded as the training step."""
-        return "trinity-shadow" if self.shadow else self.upstream
+        """The upstream whose answer is recorded as the step: the one the client saw (in shadow
+        mode Trinity's answer travels beside it, ``Completion.shadow_*``)."""
+        return self.upstream
 
     def attributes(self) -> dict[str, str]:
         values = (
@@ -131,11 +135,13 @@ def _not_routable(strategy: Strategy) -> str | None:
 def decide_route(strategy: Strategy, start: AgentCall, mode: str) -> Route:
     """The decision for the call that ``start`` opens.
 
-    The strategy sees the call as ending when its mark was made (or when it started, unmarked),
-    so the decision depends on the call id, agent and mark only, never on the clock: a replica
-    that sees the call's third request decides as the one that saw its first.
+    The strategy sees the call as ending at its first request (``start.event_time``), so a
+    mark's TTL is checked at the decision. A mark without ``marked_at`` is made at that
+    request, so the decision depends on the call id, agent and mark only: a replica that sees
+    the call's third request decides as the one that saw its first (unless the agent sends a
+    ``marked_at`` that expires in between; replicas sticky per call never decide twice).
     """
-    at: datetime = start.mark.marked_at if start.mark is not None else start.event_time
+    at: datetime = start.event_time
     view = CallView(start.call_id, start.model_copy(update={"event_time": at}), None, None, at)
     return Route(strategy.decide(view), mode)
 

@@ -47,7 +47,7 @@ from ..models import (
     Trajectory,
 )
 from .arms import routed_upstream, scored_unselected
-from .select import CallView, Strategy
+from .select import CallView, Strategy, routed_selection
 
 __all__ = [
     "SEQ_SPACE",
@@ -288,12 +288,17 @@ def close(
     gateway routed it to production (scored for the comparison, not trained on:
     :mod:`streams.core.arms`).
 
+    A call a gateway routed is selected as its START says (:func:`~.select.routed_selection`);
+    the others by ``strategy``.
+
     A call closed without its END (abandoned, or oversized before its end) is decided like any
     other and, when selected, keeps what it had; its ``closed_reason`` says why it closed, and
     the reward stage does not score it unless told to.
     """
     view = view_of(state)
-    selection = strategy.decide(view)
+    # a routed call keeps the gateway's decision; any other is decided now. A routed call
+    # that is not selected (production answered it) is still scored, for the comparison
+    selection = routed_selection(state.start) or strategy.decide(view)
     if not selection.selected and not scored_unselected(state.start):
         return selection, None
     start, end = state.start, state.end

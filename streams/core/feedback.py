@@ -14,12 +14,14 @@ May import: the standard library, :mod:`streams.models`, :mod:`streams.core.arms
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
-from ..models import RewardedTrajectory
+from ..models import FeedbackAck, RewardedTrajectory
 from .arms import trains
 
-__all__ = ["FeedbackRequest", "feedback_requests"]
+__all__ = ["FeedbackPort", "FeedbackRequest", "deliver", "feedback_requests"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +48,26 @@ def feedback_requests(rewarded: RewardedTrajectory) -> list[FeedbackRequest]:
         FeedbackRequest(ids, reward, rewarded.task_id, rewarded.run_id)
         for reward, ids in groups.items()
     ]
+
+
+FeedbackPort = Callable[[FeedbackRequest, str], Awaitable[int]]
+"""How a runner sends one ``/feedback`` request (``what`` names it in logs and errors): until
+Trinity acknowledges it (the one retry loop), returning the attempts it took; a rejection or
+giving up raises."""
+
+
+async def deliver(
+    rewarded: RewardedTrajectory, send: FeedbackPort, now: Callable[[], datetime]
+) -> FeedbackAck:
+    """The feedback stage, for both runners: every request of ``rewarded``
+    (:func:`feedback_requests`), each acknowledged before the next, then the trajectory's one
+    :class:`~streams.models.FeedbackAck` (the most attempts any request took, and how many
+    requests there were) for the ledger. What the port raises goes to the runner: the live
+    worker makes it a dead letter, replay a rejected trajectory or an error to re-run."""
+    requests = feedback_requests(rewarded)
+    attempts = 0
+    for request in requests:
+        attempts = max(attempts, await send(request, f"feedback for {rewarded.call_id}"))
+    return FeedbackAck(
+        rewarded=rewarded, acked_at=now(), attempts=attempts, feedbacks=len(requests)
+    )
