@@ -462,7 +462,7 @@ def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from .devtools.demo import run_demo
 
-    return run_demo(settings, calls=args.calls, agents=args.agents)
+    return run_demo(settings, calls=args.calls, agents=args.agents, rollout=args.rollout)
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
@@ -695,6 +695,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the whole loop locally and print a summary")
     p.add_argument("--calls", type=int, default=120, help="agent calls to simulate")
     p.add_argument("--agents", type=int, default=3, help="simulated agents")
+    p.add_argument(
+        "--rollout",
+        action="store_true",
+        help="gateway.rollout on, production scripted to fail more than the policy: the "
+        "comparison and the policy's promotion (try --calls 400)",
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(

@@ -40,8 +40,10 @@ from ..core.select import build_strategy
 from ..models import (
     AvroModel,
     CommitRecord,
+    Comparison,
     DeadLetter,
     RewardedTrajectory,
+    RoutingShare,
     Trajectory,
     WindowSummary,
 )
@@ -70,15 +72,42 @@ DEMO_SETTINGS = {
 }
 
 
-def run_demo(settings: Settings, *, calls: int = 120, agents: int = 3) -> int:
+ROLLOUT = {
+    "enabled": True,
+    "initial_share": 0.2,
+    "step": 0.2,
+    "max_share": 0.6,
+    "promote_after": 1,
+    "apply_delay_s": 1.0,
+}
+"""``--rollout``: the policy's share starts at 0.2 and rises by 0.2 per window it wins."""
+
+ROLLOUT_SETTINGS = {
+    **{f"TRAJSTREAM_GATEWAY__ROLLOUT__{k.upper()}": str(v).lower() for k, v in ROLLOUT.items()},
+    "TRAJSTREAM_COMPARE__MIN_COUNT": "5",
+    "TRAJSTREAM_WINDOWS__SIZE_S": "5",
+    "TRAJSTREAM_WINDOWS__GRACE_S": "3",
+}
+
+
+def run_demo(
+    settings: Settings, *, calls: int = 120, agents: int = 3, rollout: bool = False
+) -> int:
     try:
-        return asyncio.run(_demo(settings, calls=calls, agents=max(1, min(agents, len(AGENTS)))))
+        return asyncio.run(
+            _demo(
+                settings,
+                calls=calls,
+                agents=max(1, min(agents, len(AGENTS))),
+                rollout=rollout,
+            )
+        )
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; everything the demo started was stopped[/]")
         return 130
 
 
-async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
+async def _demo(settings: Settings, *, calls: int, agents: int, rollout: bool = False) -> int:
     prefix = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
     async with AsyncExitStack() as stack:
         bootstrap = settings.bootstrap_servers
@@ -123,6 +152,9 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
                             "mode": "route",
                             "production_url": f"{production_url}/v1",
                             "spill_dir": tmp / "spill",
+                            "rollout": settings.gateway.rollout.model_copy(
+                                update=ROLLOUT if rollout else {}
+                            ),
                         }
                     ),
                 }
@@ -133,6 +165,8 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
         console.print(f"Gateway: [bold]{gateway_url}[/] (route mode; agents use the openai client)")
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
         env.update(DEMO_SETTINGS)
+        if rollout:
+            env.update(ROLLOUT_SETTINGS)
         env.update(
             TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
             TRAJSTREAM_KAFKA__TOPIC_PREFIX=prefix,
@@ -158,18 +192,21 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
             DEMO_SETTINGS["TRAJSTREAM_SELECTION__STRATEGY"],
             rate=float(DEMO_SETTINGS["TRAJSTREAM_SELECTION__RATE"]),
         )
-        sims = await _drive(gateway_url, calls, agents)
+        sims = await _drive(gateway_url, calls, agents, rollout)
         if not await gateway.publisher.flush(60):
             console.print("[red]the gateway could not publish everything to Kafka[/]")
-        expected = [s for s in sims if _selected(strategy, s)]
+        # the calls Trinity answers: the gateway's route (with --rollout, the share in force)
+        expected = [
+            s for s in sims if (s.upstream == "trinity" if rollout else _selected(strategy, s))
+        ]
         wanted = {m for s in expected for m in s.msg_ids}
         ok = await _wait_committed(standin, wanted, worker, log_path)
         windows_expected = len({(s.agent, s.model) for s in expected})
         topics = await _read_back(
-            bootstrap, Topics(prefix, settings.kafka.partitions), len(expected), windows_expected
+            bootstrap, Topics(prefix, settings.kafka.partitions), len(sims), windows_expected
         )
         _stop_process(worker)
-        return _summary(sims, expected, standin, topics, ok)
+        return _summary(sims, expected, standin, topics, ok, rollout)
     return 1  # pragma: no cover - unreachable
 
 
@@ -191,8 +228,14 @@ def _selected(strategy: Any, sim: SimulatedCall) -> bool:
     return bool(strategy.decide(CallView(sim.call_id, None, end, sim.model)).selected)
 
 
-async def _drive(gateway_url: str, calls: int, agents: int) -> list[SimulatedCall]:
+async def _drive(
+    gateway_url: str, calls: int, agents: int, rollout: bool = False
+) -> list[SimulatedCall]:
     rng = random.Random(42)
+
+    def fails(upstream: str) -> bool:  # --rollout: the policy fails less than production
+        return rng.random() < (0.05 if upstream == "trinity" else 0.6)
+
     names = list(AGENTS)[:agents]
     sims: list[SimulatedCall] = []
     columns = (
@@ -212,7 +255,7 @@ async def _drive(gateway_url: str, calls: int, agents: int) -> list[SimulatedCal
                         rng,
                         agent=names[i % len(names)],
                         mark=rng.random() < 0.15,
-                        fail=rng.random() < 0.12,
+                        fail=fails if rollout else rng.random() < 0.12,
                         rating=float(rng.randint(1, 5)) if rng.random() < 0.4 else None,
                     )
                 )
@@ -264,6 +307,8 @@ async def _read_back(
         "windows": topics.windows,
         "commits": topics.commits,
         "dead_letters": topics.dead_letters,
+        "comparisons": topics.comparisons,
+        "routing": topics.routing,
     }
     out: dict[str, list[AvroModel]] = {}
     consumer = AIOKafkaConsumer(
@@ -297,6 +342,7 @@ def _summary(
     standin: StandIn,
     topics: dict[str, list[AvroModel]],
     ok: bool,
+    rollout: bool = False,
 ) -> int:
     state = standin.state
     events = sum(
@@ -373,8 +419,20 @@ def _summary(
         )
     console.print(wtable)
 
+    from ..observe.policy import PolicyView, render
+
+    view = PolicyView(
+        [c for c in topics["comparisons"] if isinstance(c, Comparison)],
+        [r for r in topics["routing"] if isinstance(r, RoutingShare)],
+    )
+    render(view, console)
+    trained = [t for t in trajectories if t.upstream != "production"]
     checks = {
-        "every selected call became one trajectory": len(trajectories) == len(expected),
+        "every selected call became one trajectory": len(trained) == len(expected),
+        "every call production answered was scored too": sum(
+            t.upstream == "production" for t in trajectories
+        )
+        == len(sims) - len(expected),
         "one feedback per trajectory at the stand-in": len(acked) == len(expected),
         "every msg_id of the selected calls trained": set(state.trained)
         == {m for s in expected for m in s.msg_ids},
@@ -390,6 +448,11 @@ def _summary(
         "rewards in windows = rewards": sum(w.count for w in windows) == len(rewarded),
         "no dead letters": not letters,
     }
+    if rollout:
+        checks["the policy won a window with confidence"] = any(
+            c.verdict == "better" for c in view.comparisons
+        )
+        checks["the rollout promoted the policy"] = any(r.action == "promote" for r in view.routing)
     for what, good in checks.items():
         console.print(f"  {'[green]ok[/]' if good else '[red]MISMATCH[/]'}  {what}")
     good = ok and all(checks.values())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,10 +141,13 @@ async def simulate_gateway_call(
     *,
     agent: str,
     mark: bool = False,
-    fail: bool = False,
+    fail: bool | Callable[[str], bool] = False,
     rating: float | None = None,
 ) -> SimulatedCall:
     """One agent run behind the gateway, with the official ``openai`` async client.
+
+    ``fail`` may be decided by the upstream that answered (``trinity`` or ``production``: a
+    callable), for a scripted difference between the policy and production.
 
     One to three LLM steps; with two or more, the model is offered the agent's tools, calls one,
     gets its result and answers (the stand-in answers a tool offer with a tool call).
@@ -200,6 +204,8 @@ async def simulate_gateway_call(
         if i == 1 and steps == 3:
             messages.append({"role": "user", "content": "Anything else I should know?"})
     tool_steps = sum(1 for m in messages if m["role"] == "tool")
+    if callable(fail):
+        fail = fail(sim.upstream)
     status = CallStatus.ERROR if fail else CallStatus.OK
     body: dict[str, Any] = {"status": status.value, "output": text}
     if fail:

@@ -31,8 +31,10 @@ from aiokafka.partitioner import murmur2
 
 from ..models import (
     CommitRecord,
+    Comparison,
     DeadLetter,
     RewardedTrajectory,
+    RoutingShare,
     SelectionDecision,
     Trajectory,
     WindowSummary,
@@ -40,6 +42,7 @@ from ..models import (
 )
 from ..settings import Settings
 from ..topics import Topics
+from .compare_page import compare_html
 from .status import Status, TopicReader, collect
 from .web import bind_socket
 
@@ -200,6 +203,8 @@ def index_html(
     commits: Sequence[CommitRecord],
     dead_letters: Sequence[DeadLetter],
     trend_hours: float = TREND_HOURS,
+    comparisons: Sequence[Comparison] = (),
+    routing: Sequence[RoutingShare] = (),
 ) -> str:
     workers = "".join(
         f"<tr><td>{_e(m.client_id)}</td><td>{_e(m.host)}</td><td>"
@@ -251,6 +256,8 @@ def index_html(
         + _hints_html(status)
         + f"<h2>Reward trend (mean per window, last {trend_hours:g} h)</h2>"
         + trend_svg(windows)
+        + "<h2>Policy against production</h2>"
+        + compare_html(comparisons, routing)
         + "<h2>Recent calls</h2>"
         + table(
             "decided|call|agent|model|decision|reason|strategy|closed|steps",
@@ -397,7 +404,17 @@ class StatusPages:
                 await r.since(t.dead_letters, utcnow() - timedelta(hours=1), limit=20),
                 DeadLetter,
             )
-        page = index_html(status, decisions, windows, commits, letters[-20:], hours)
+            compared = (
+                r.decode(await r.since(t.comparisons, since, limit=5000), Comparison)
+                if r.exists(t.comparisons)
+                else []
+            )
+            routing = (
+                r.decode(await r.tail(t.routing, 200), RoutingShare) if r.exists(t.routing) else []
+            )
+        page = index_html(
+            status, decisions, windows, commits, letters[-20:], hours, compared, routing
+        )
         return web.Response(text=page, content_type="text/html")
 
     async def _call(self, request: web.Request) -> web.Response:

@@ -190,10 +190,15 @@ async def test_the_policy_is_promoted_then_rolled_back_and_replicas_agree(
                 90,
                 "the share at its maximum",
             )
-            # the ledger owner dies and another takes over: the rollout state is kept
+            # the ledger owner dies and another takes over: the rollout state is kept (the
+            # agents pause meanwhile, so that the new owner has no long backlog to go through)
+            traffic.stopped.set()
+            await task
             await asyncio.to_thread(worker.kill)
             worker = workers(**settings)
             standin.state.model_version = 1  # a worse checkpoint
+            traffic.stopped.clear()
+            task = asyncio.create_task(traffic.run())
             rolled = await routing_until(kafka_bootstrap, prefix, {"rollback", "drift"}, 120)
         finally:
             traffic.stopped.set()

@@ -1,0 +1,64 @@
+"""The status page's policy-against-production section, without Kafka: both arms' means per
+window and the difference with its band, per agent, and the routing changes."""
+
+from __future__ import annotations
+
+import re
+
+from streams.models import RoutingShare
+from streams.observe.compare_page import compare_html
+from streams.observe.pages import index_html
+from tests.unit.factories import at, comparison
+from tests.unit.observe.test_status import snapshot
+
+
+def test_both_trends_and_the_band_per_agent() -> None:
+    rows = [
+        comparison(window_start=at(0), policy_mean=0.7, production_mean=0.5, lower=0.1, upper=0.3),
+        comparison(
+            window_start=at(60),
+            policy_mean=0.4,
+            production_mean=0.5,
+            difference=-0.1,
+            lower=-0.2,
+            upper=0.0,
+            verdict="inconclusive",
+        ),
+        comparison(
+            agent_name="other",
+            policy_mean=None,
+            policy_count=0,
+            difference=None,
+            lower=None,
+            upper=None,
+            verdict="insufficient",
+        ),
+        comparison(span="trailing", windows=2),  # not drawn: the windows are
+    ]
+    promote = RoutingShare(
+        agent_name="researcher",
+        share=0.3,
+        previous_share=0.2,
+        version=2,
+        effective_at=at(70),
+        decided_at=at(65),
+        action="promote",
+        reason="won",
+    )
+    page = compare_html(rows, [promote])
+    means = re.findall(r'data-arm="(\w+)" data-window-start="([^"]+)" data-mean="([^"]+)"', page)
+    assert ("policy", at(0).isoformat(), "0.7") in means
+    assert ("production", at(60).isoformat(), "0.5") in means
+    assert len([m for m in means if m[0] == "policy"]) == 2  # "other" has no policy mean
+    bands = re.findall(r'data-lower="([^"]+)" data-upper="([^"]+)" data-verdict="(\w+)"', page)
+    assert bands == [("0.1", "0.3", "better"), ("-0.2", "0", "inconclusive")]
+    assert page.count('class="band"') == 1  # "other" has no interval
+    assert 'data-action="promote" data-share="0.3"' in page
+    assert "<b>inconclusive</b>" in page and "<b>insufficient</b>" in page
+
+
+def test_the_index_has_the_section() -> None:
+    empty = index_html(snapshot(), [], [], [], [])
+    assert 'id="compare-empty"' in empty
+    page = index_html(snapshot(), [], [], [], [], comparisons=[comparison()])
+    assert "Policy against production" in page and 'class="compare"' in page
