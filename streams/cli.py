@@ -699,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rollout",
         action="store_true",
         help="gateway.rollout on, production scripted to fail more than the policy: the "
-        "comparison and the policy's promotion (try --calls 400)",
+        "comparison and the policy's promotion (try --agents 1 --calls 400)",
     )
     p.set_defaults(func=cmd_demo)
 

@@ -85,8 +85,8 @@ ROLLOUT = {
 ROLLOUT_SETTINGS = {
     **{f"TRAJSTREAM_GATEWAY__ROLLOUT__{k.upper()}": str(v).lower() for k, v in ROLLOUT.items()},
     "TRAJSTREAM_COMPARE__MIN_COUNT": "5",
-    "TRAJSTREAM_WINDOWS__SIZE_S": "5",
-    "TRAJSTREAM_WINDOWS__GRACE_S": "3",
+    "TRAJSTREAM_WINDOWS__SIZE_S": "10",
+    "TRAJSTREAM_WINDOWS__GRACE_S": "8",  # rewards wait for feedback up to 3 s: not late
 }
 
 
