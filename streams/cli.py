@@ -354,12 +354,12 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
 
     async def read() -> Counter[tuple[str, str, str, str]]:
         counts: Counter[tuple[str, str, str, str]] = Counter()
-        consumer = kafka.consumer(bootstrap, settings.kafka.security)
+        partitions = (await kafka.topic_partitions(bootstrap, settings.kafka.security)).get(topic)
+        if partitions is None:
+            raise ConfigError(f"topic {topic} does not exist (kafka.topic_prefix?)")
+        consumer = kafka.consumer(bootstrap, settings.kafka.security, group_id=None)
         await consumer.start()
         try:
-            if topic not in await consumer.topics():
-                raise ConfigError(f"topic {topic} does not exist (kafka.topic_prefix?)")
-            partitions = sorted(consumer.partitions_for_topic(topic) or ())
             for m in await kafka.read_whole(consumer, topic, partitions):
                 d = codec.decode_as(m.value, SelectionDecision)
                 counts[

@@ -55,11 +55,11 @@ from mode.utils.times import want_seconds
 from ..codec import SchemaRegistry
 from ..core.assemble import Assembler
 from ..core.clock import wall_clock
-from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
 from ..core.feedback import FeedbackRequest, deliver
 from ..core.judge import JudgeAnswerError
-from ..core.ledger import CommitPlan, due_commit, is_held
+from ..core.ledger import CommitPlan, is_held
+from ..core.ledger_batch import run_batch
 from ..core.ledger_stage import LedgerStage
 from ..core.pending import is_head_key
 from ..core.retry import RetryPolicy
@@ -597,44 +597,43 @@ class Pipeline:
     # -- 4. ledger ---------------------------------------------------------------------------
 
     async def _ledger(self, events: list[Any]) -> None:
-        """Apply a batch of ledger records, then decide windows and commits once."""
+        """Apply a batch of ledger records, then decide windows and commits once (the core's
+        one sequence, :func:`~streams.core.ledger_batch.run_batch`)."""
+        for e in events:
+            self.metrics.event_in(e.message.topic)
+        sources = [source_of(e) for e in events]
+
+        async def read(state: LedgerState) -> list[Source]:
+            return sources
+
         async with self._ledger_lock:
-            state = self.ledger_stage.load()
-            if state.pending_commit is not None:
-                await self._recorded(await resolve_commit(state, self.trinity))
-            for e in events:
-                self.metrics.event_in(e.message.topic)
-            applied = self.ledger_stage.apply(state, [source_of(e) for e in events], utcnow())
-            out, plan = self.ledger_stage.decide(state, utcnow(), final=applied.final)
-            for alert in out.records("alerts"):
-                assert isinstance(alert, DriftAlert)
-                log.warning(
-                    "reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
-                    alert.agent_name,
-                    alert.model,
-                    alert.mean,
-                    alert.fraction,
-                    alert.trailing_mean,
-                )
-            await self._send(out)
+            batch = await run_batch(self.ledger_stage, self, read, utcnow)
+            self.metrics.ledger(batch.state)
+        await self._send(batch.applied)
+
+    # the ledger sequence's port (streams.core.ledger_batch.LedgerPort); `trinity` above
+
+    async def send_decided(self, out: Out) -> None:
+        for alert in out.records("alerts"):
+            assert isinstance(alert, DriftAlert)
+            log.warning(
+                "reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
+                alert.agent_name,
+                alert.model,
+                alert.mean,
+                alert.fraction,
+                alert.trailing_mean,
+            )
+        await self._send(out)
+
+    async def write_ahead(self, state: LedgerState) -> None:
+        self.ledger_stage.save(state)
+        await self.app.producer.flush()
+
+    async def recorded(self, record: CommitRecord | None, plan: CommitPlan | None) -> None:
+        if record is None:
             if plan is not None:
-                await self._commit(state, plan)
-            self.ledger_stage.save(state)
-            self.metrics.ledger(state)
-        await self._send(applied.out)
-
-    async def _commit(self, state: LedgerState, plan: CommitPlan) -> None:
-        async def write_ahead(state: LedgerState) -> None:
-            self.ledger_stage.save(state)
-            await self.app.producer.flush()
-
-        record = await write_ahead_commit(state, plan, self.trinity, write_ahead)
-        if record is None:
-            self.stats["commit.failures"] += 1
-        await self._recorded(record)
-
-    async def _recorded(self, record: CommitRecord | None) -> None:
-        if record is None:
+                self.stats["commit.failures"] += 1
             return
         held = is_held(record)
         self.stats[
@@ -659,27 +658,25 @@ class Pipeline:
         """On a graceful stop: commit what was acknowledged, if this worker holds the ledger."""
         if not self.ledger_stage.exists():
             return
+
+        async def read(state: LedgerState) -> list[Source]:
+            # the consumer stopped before this signal: acknowledgements already on the
+            # ledger that the ledger agent had not taken are applied here (each offset
+            # once, so the next owner skips them), so that the final commit counts them
+            unread = await self._unread_ledger(state.applied_offset)
+            if unread:
+                log.info(
+                    "final commit: %d ledger records read after the consumer stopped",
+                    len(unread),
+                )
+            return unread
+
         async with self._ledger_lock:
-            state = self.ledger_stage.load()
             try:
-                if state.pending_commit is not None:
-                    await self._recorded(await resolve_commit(state, self.trinity))
-                # the consumer stopped before this signal: acknowledgements already on the
-                # ledger that the ledger agent had not taken are applied here (each offset
-                # once, so the next owner skips them), so that the final commit counts them
-                unread = await self._unread_ledger(state.applied_offset)
-                if unread:
-                    log.info(
-                        "final commit: %d ledger records read after the consumer stopped",
-                        len(unread),
-                    )
-                applied = self.ledger_stage.apply(state, unread, utcnow())
-                await self._send(applied.out)
-                plan = due_commit(state, utcnow(), self.ledger_cfg, final=True)
-                if plan is not None:
-                    log.info("final commit of %d acknowledged feedbacks", plan.count)
-                    await self._commit(state, plan)
-                self.ledger_stage.save(state)
+                batch = await run_batch(self.ledger_stage, self, read, utcnow, closing=True)
+                if batch.plan is not None:
+                    log.info("final commit of %d acknowledged feedbacks", batch.plan.count)
+                await self._send(batch.applied)
                 await self.app.producer.flush()
             except Exception:  # the stop goes on; the next owner commits the batch
                 log.exception("final commit failed")
