@@ -93,9 +93,7 @@ def _registry(settings: Settings, writes: list[str] | None = None) -> Any:
     from .topics import Topics
 
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
-    return connect(
-        settings.kafka.schema_registry, topics=topics, writes=writes or [], install=True
-    )
+    return connect(settings.kafka.schema_registry, topics=topics, writes=writes or [], install=True)
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -134,9 +132,7 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
             print("not running")
             return 1
         pids = ", ".join(str(n.pid) for n in running.nodes)
-        print(
-            f"running: {running.bootstrap_servers} (pid {pids}, Kafka {running.kafka_version})"
-        )
+        print(f"running: {running.bootstrap_servers} (pid {pids}, Kafka {running.kafka_version})")
         return 0
     # run: in the foreground until interrupted
     if args.brokers > 1:
@@ -467,28 +463,10 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from .models import utcnow
-    from .runtime.replay import ReplayOptions, parse_offsets, parse_time, run_replay
+    from .runtime.replay import ReplayOptions, run_replay
 
-    now = utcnow()
     prefix = settings.kafka.topic_prefix
-    options = ReplayOptions(
-        since=parse_time(args.since, now) if args.since else None,
-        until=parse_time(args.until, now) if args.until else None,
-        offsets=[parse_offsets(spec, prefix) for spec in args.offsets],
-        strategy=args.strategy,
-        reward=args.reward,
-        compare_reward=args.compare_reward,
-        dry_run=args.dry_run,
-        to=set(args.to),
-        out=args.out,
-        min_reward=args.min_reward,
-        dpo_margin=args.dpo_margin,
-        commit_every=args.commit_every,
-        commit_interval_s=args.commit_interval,
-        redact=args.redact,
-        redact_patterns=list(args.redact_pattern),
-        lookback_s=args.lookback,
-    )
+    options = ReplayOptions.from_args(args, prefix, utcnow())
     options.validate()
     bootstrap = resolve_bootstrap(settings)
     from .topics import Topics
@@ -704,109 +682,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_REPLAY_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    g = p.add_argument_group("range")
-    g.add_argument(
-        "--since",
-        metavar="TIME",
-        help="start: ISO 8601 (2026-01-31T12:00Z; no zone means UTC) or an age (90m, "
-        "2h, 7d); default: the beginning of the topics",
-    )
-    g.add_argument("--until", metavar="TIME", help="end (exclusive); default: now")
-    g.add_argument(
-        "--offsets",
-        action="append",
-        default=[],
-        metavar="TOPIC:PARTITION:START-END",
-        help="explicit offsets instead of a time range (END exclusive, empty: the end "
-        "of the partition), e.g. agent-events:0:100-200; repeatable",
-    )
-    g.add_argument(
-        "--lookback",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="also read this long before --since so that calls that started before "
-        "it are complete (default: assembly.abandon_after_s)",
-    )
-    g = p.add_argument_group("scoring")
-    g.add_argument(
-        "--strategy",
-        metavar="SPEC",
-        help="selection strategy (default: "
-        "selection.strategy), e.g. sampling:1, marked, any(marked,sampling:0.2)",
-    )
-    g.add_argument(
-        "--reward",
-        metavar="FUNCTION",
-        help="reward function (default: "
-        "reward.function), e.g. streams.rewards:success or mypkg.rewards:fn",
-    )
-    g.add_argument(
-        "--compare-reward",
-        metavar="FUNCTION",
-        help="A/B: also score with this function and compare, side by side (a dry run)",
-    )
-    g.add_argument(
-        "--min-reward",
-        type=float,
-        default=0.5,
-        metavar="X",
-        help="threshold for SFT rows and for the A/B agreement (default 0.5)",
-    )
-    g = p.add_argument_group("output")
-    g.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="count and report only; send and write nothing (the default without --to)",
-    )
-    g.add_argument(
-        "--to",
-        action="append",
-        default=[],
-        choices=["trinity", "files"],
-        help="send feedback to Trinity (trinity.url) and/or write dataset files; repeatable",
-    )
-    g.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="directory for --to files: trajectories.jsonl, sft.jsonl, dpo.jsonl, manifest.json",
-    )
-    g.add_argument(
-        "--dpo-margin",
-        type=float,
-        default=0.2,
-        metavar="X",
-        help="least reward difference for a DPO pair from reward ranking (default 0.2)",
-    )
-    g.add_argument(
-        "--commit-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help="POST /commit after every N acknowledged feedbacks (and at the end)",
-    )
-    g.add_argument(
-        "--commit-interval",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="or when this long has passed since the last commit (default: commit.interval_s)",
-    )
-    g = p.add_argument_group("redaction")
-    g.add_argument(
-        "--redact",
-        action="store_true",
-        help="replace e-mail addresses, phone numbers and API keys/secrets before "
-        "anything leaves (files, task_id to Trinity)",
-    )
-    g.add_argument(
-        "--redact-pattern",
-        action="append",
-        default=[],
-        metavar="REGEX",
-        help="also replace matches of this regular expression with [REDACTED]; repeatable",
-    )
+    from .runtime.replay_options import add_replay_arguments
+
+    add_replay_arguments(p)  # one list: the fields of ReplayOptions
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("settings", help="print the effective settings as JSON")
