@@ -43,7 +43,7 @@ import os
 import socket
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -443,19 +443,38 @@ class Pipeline:
     # -- sending what the core decided ---------------------------------------------------------
 
     async def _guard(self, stage: str, event: Any, step: Callable[[Source, datetime], Out]) -> None:
-        """Run one stage step on a record and send what it decided; anything it could not
-        handle becomes a dead letter, never a crash."""
-        src = source_of(event)
-        self.metrics.event_in(src.topic)
+        """Run one stage step on a record and send what it decided."""
+
+        async def run(src: Source) -> Out:
+            return step(src, wall_clock())
+
+        await self._guarded(stage, source_of(event), run)
+
+    async def _guarded(
+        self,
+        stage: str,
+        src: Source,
+        run: Callable[[Source], Awaitable[Out]],
+        *,
+        expected: tuple[type[Exception], ...] = (),
+        count: bool = True,
+    ) -> Out:
+        """The one guard of every stage: run it on a record and send what it decided; anything
+        it could not handle becomes a dead letter of ``stage``, never a crash (logged with its
+        traceback unless it is one of the ``expected`` errors, which say all in their reason)."""
+        if count:
+            self.metrics.event_in(src.topic)
         try:
-            out = step(src, wall_clock())
+            out = await run(src)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("%s: unexpected error on %s", stage, src.where())
+            if not isinstance(exc, expected):
+                log.exception("%s: unexpected error on %s", stage, src.where())
             out = Out()
             out.reject(Reject(stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
         await self._send(out)
+        return out
 
     async def _send(self, out: Out) -> None:
         self.stats.update(out.stats)
@@ -505,61 +524,48 @@ class Pipeline:
     async def _judge_guarded(self, event: Any) -> None:
         """One judge request: its verdict (scored or not) on ``<p>.verdicts``; a request that
         cannot be read is a ``judge`` dead letter. Never raises for what the judge answers."""
-        src = source_of(event)
-        self.metrics.event_in(src.topic)
-        out = Out()
-        try:
-            request = self.codec.decode_as(src.value, JudgeRequest)
-            if request.call_id in self._judged:
-                # made again for a redelivered trajectory; this process answered it already,
-                # and the reward stage reads that verdict (after a restart it is asked again,
-                # and the reward stage keeps the first verdict)
-                self.stats["judge.skipped"] += 1
-                return
-
-            def retried() -> None:
-                self.stats["judge.retries"] += 1
-                self.metrics.judge_retry()
-
-            verdict = await judge(
-                self.judge_client,
-                request,
-                self.judge_policy,
-                on_retry=retried,
-                clock=lambda: wall_clock(),  # the reward stage's clock: requested_at is in it
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, RecordError | JudgeAnswerError):
-                log.exception("judge: unexpected error on %s", src.where())
-            out.reject(Reject("judge", str(exc) or type(exc).__name__, type(exc).__name__, src))
-        else:
-            self.stats["judge.verdicts" if verdict.error is None else "judge.failed"] += 1
-            self.metrics.judge_verdict(scored=verdict.error is None)
-            if verdict.error is not None:
-                log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
-            out.emit("verdicts", verdict.call_id.encode(), verdict)
-        await self._send(out)
+        out = await self._guarded(
+            "judge", source_of(event), self._judge_step, expected=(RecordError, JudgeAnswerError)
+        )
         if out.emits:
             self._judged[out.emits[0].record.call_id] = None  # type: ignore[attr-defined]
             while len(self._judged) > JUDGED_REMEMBERED:
                 self._judged.popitem(last=False)
 
+    async def _judge_step(self, src: Source) -> Out:
+        out = Out()
+        request = self.codec.decode_as(src.value, JudgeRequest)
+        if request.call_id in self._judged:
+            # made again for a redelivered trajectory; this process answered it already,
+            # and the reward stage reads that verdict (after a restart it is asked again,
+            # and the reward stage keeps the first verdict)
+            self.stats["judge.skipped"] += 1
+            return out
+
+        def retried() -> None:
+            self.stats["judge.retries"] += 1
+            self.metrics.judge_retry()
+
+        verdict = await judge(
+            self.judge_client,
+            request,
+            self.judge_policy,
+            on_retry=retried,
+            clock=lambda: wall_clock(),  # the reward stage's clock: requested_at is in it
+        )
+        self.stats["judge.verdicts" if verdict.error is None else "judge.failed"] += 1
+        self.metrics.judge_verdict(scored=verdict.error is None)
+        if verdict.error is not None:
+            log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
+        out.emit("verdicts", verdict.call_id.encode(), verdict)
+        return out
+
     # -- 3. feedback -------------------------------------------------------------------------
 
     async def _feedback_guarded(self, event: Any) -> None:
-        src = source_of(event)
-        try:
-            await self._feedback(src)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, RecordError):
-                log.exception("feedback: unexpected error on %s", src.where())
-            out = Out()
-            out.reject(Reject("feedback", str(exc) or type(exc).__name__, type(exc).__name__, src))
-            await self._send(out)
+        await self._guarded(
+            "feedback", source_of(event), self._feedback, expected=(RecordError,), count=False
+        )
 
     async def send_feedback(self, request: FeedbackRequest, what: str) -> int:
         """The feedback stage's port (:class:`~streams.core.feedback.FeedbackPort`): one
@@ -584,15 +590,15 @@ class Pipeline:
             raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
         return tries
 
-    async def _feedback(self, src: Source) -> None:
+    async def _feedback(self, src: Source) -> Out:
         rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
         started = time.monotonic()
         ack = await deliver(rewarded, self.send_feedback, utcnow)
         self.stats["feedback.acked"] += 1
         self.metrics.feedback_acked(time.monotonic() - started)
-        await self.t_ledger.send(
-            key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
-        )
+        out = Out()
+        out.emit("ledger", rewarded.trajectory_id.encode(), ack)  # partition 0: see _send
+        return out
 
     # -- 4. ledger ---------------------------------------------------------------------------
 
