@@ -139,9 +139,10 @@ class Pipeline:
     The seams: ``trinity`` builds the HTTP client (tests pass one with a mock transport),
     ``strategy`` and ``rewarder`` override what the settings name.
 
-    Why one class of ~350 lines: it is the wiring, read top to bottom in the order data flows
-    (topics, tables, the four agents, the clocks, then how each stage's output is sent); the
-    decisions are all in :mod:`streams.core`.
+    Why one class: it is the wiring, read top to bottom in the order data flows (topics,
+    tables, the agents, the clocks, then one guard and how each stage's output is sent, and
+    the ports the core's feedback step and ledger sequence run over); the decisions are all in
+    :mod:`streams.core`.
     """
 
     def __init__(
