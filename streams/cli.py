@@ -661,6 +661,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--by", default="", help="who asks, recorded with the request")
     q.set_defaults(func=cmd_commits_resume)
 
+    from .policy_cli import add_commands as add_policy_commands
+
+    add_policy_commands(sub)  # compare, routing
+
     p = sub.add_parser("standin", help="run the Trinity stand-in server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8010)

@@ -11,12 +11,13 @@ May import: pydantic, pydantic-settings, :mod:`streams.errors`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -28,9 +29,11 @@ from pydantic import (
     SecretStr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -473,10 +476,95 @@ class CommitSettings(_Section):
     )
 
 
+class GatewayKey(_Section):
+    """A client credential of the gateway: a bearer key, optionally naming its agent and rate."""
+
+    key: SecretStr = Field(description="the bearer token a client sends; never logged")
+    agent: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="the agent name recorded for this key's calls (X-Trajstream-Agent-Name "
+        "is then ignored)",
+    )
+    rate_per_s: PositiveFloat | None = Field(
+        default=None,
+        description="requests a second this key may make (a bucket of one second's worth); "
+        "past it: 429",
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _not_blank(cls, v: SecretStr) -> SecretStr:
+        if len(v.get_secret_value().strip()) < 8:
+            raise ValueError("a key must be at least 8 characters")
+        return v
+
+
+class CompareSettings(_Section):
+    """The comparison of the policy with production (:mod:`streams.core.compare`)."""
+
+    level: float = Field(
+        default=0.95, gt=0.5, lt=1.0, description="confidence level of the difference's interval"
+    )
+    min_count: int = Field(
+        default=10, ge=2, description="calls each arm needs in a window for a verdict"
+    )
+    trailing_windows: PositiveInt = Field(
+        default=10, description="windows pooled in the trailing comparison"
+    )
+
+
+class RolloutSettings(_Section):
+    """Promotion and rollback of the policy (``gateway.rollout``, :mod:`streams.core.rollout`)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="the ledger owner moves each agent's policy share on <p>.routing and the "
+        "gateway routes by it",
+    )
+    initial_share: float = Field(default=0.05, ge=0.0, le=1.0)
+    step: float = Field(default=0.1, gt=0.0, le=1.0, description="share added per promotion")
+    max_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    floor: float = Field(default=0.0, ge=0.0, le=1.0, description="share after a rollback")
+    promote_after: PositiveInt = Field(
+        default=3, description="consecutive windows the policy must win with confidence"
+    )
+    rollback_after: PositiveInt = Field(
+        default=1, description="consecutive windows lost with confidence that roll it back"
+    )
+    apply_delay_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        description="a change applies to calls starting this long after it is decided",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RolloutSettings:
+        if not self.floor <= self.initial_share <= self.max_share:
+            raise ValueError(
+                "gateway.rollout needs floor <= initial_share <= max_share, got "
+                f"{self.floor} / {self.initial_share} / {self.max_share}"
+            )
+        return self
+
+
 class GatewaySettings(_Section):
     """The OpenAI-compatible gateway (``trajstream gateway``)."""
 
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+
     host: str = "127.0.0.1"
+    api_keys: Annotated[list[GatewayKey], NoDecode] = Field(
+        default_factory=list,
+        description="client credentials checked on every route (a JSON list of keys, or of "
+        '{"key", "agent", "rate_per_s"}); empty: only a loopback host unless allow_anonymous',
+    )
+    allow_anonymous: bool = Field(
+        default=False,
+        description="serve without api_keys on a host other than loopback (anyone who reaches "
+        "it spends the production key)",
+    )
     port: int = Field(default=8000, ge=0, le=65535)
     mode: Literal["route", "shadow"] = Field(
         default="route",
@@ -514,11 +602,50 @@ class GatewaySettings(_Section):
         default=True,
         description="END carries the steps this process recorded: needs call-sticky replicas",
     )
+    anthropic_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="base URL of Anthropic's API, without /v1 (https://api.anthropic.com): the "
+        "production upstream of /v1/messages; unset, only calls routed to Trinity are answered",
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        default=None, description="sent to anthropic_url as x-api-key; never logged"
+    )
+    responses_calls: PositiveInt = Field(
+        default=10_000,
+        description="calls whose Responses API items are kept for previous_response_id "
+        "(least recently used dropped; a response past 2048 items or 8 MB is not kept)",
+    )
 
-    @field_validator("production_url")
+    @field_validator("production_url", "anthropic_url")
     @classmethod
     def _no_trailing_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _plain_keys(cls, v: Any) -> Any:
+        """A key alone stands for ``{"key": ...}``; a string is a JSON list or comma-separated
+        keys (the environment variable)."""
+        if isinstance(v, str | SecretStr):
+            text = (v.get_secret_value() if isinstance(v, SecretStr) else v).strip()
+            if text.startswith("["):
+                try:
+                    v = json.loads(text)
+                except ValueError:
+                    raise ValueError("not a JSON list of keys") from None
+            else:
+                v = [part.strip() for part in text.split(",") if part.strip()]
+        if isinstance(v, list):
+            return [{"key": k} if isinstance(k, str | SecretStr) else k for k in v]
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _distinct_keys(cls, v: list[GatewayKey]) -> list[GatewayKey]:
+        if len({k.key.get_secret_value() for k in v}) != len(v):
+            raise ValueError("the same key is listed twice")
+        return v
 
     @field_validator("spill_dir")
     @classmethod
@@ -543,10 +670,12 @@ class OtlpSettings(_Section):
         "agent call (agent), or a call of its own (own: for agents with no invoke_agent spans)",
     )
     resolve: Literal["export", "trace"] = Field(
-        default="export",
-        description="where a step span's call is found: among the ancestors in its own export "
-        "(export), or by the span-resolution stage over the whole trace (trace: the ingest "
-        "publishes every span's parent link to <p>.spans, keyed by trace id)",
+        default="trace",
+        description="where a step span's call is found: by the workers' span-resolution stage "
+        "over the whole trace (trace: the ingest publishes every span's parent link to "
+        "<p>.spans, keyed by trace id), or among the ancestors in its own export (export: the "
+        "ingest publishes agent events; `trajstream otlp` only, the gateway's /v1/traces "
+        "always maps per export)",
     )
     settle_s: PositiveFloat = Field(
         default=5.0,
@@ -614,6 +743,7 @@ class Settings(BaseSettings):
     reward: RewardSettings = Field(default_factory=RewardSettings)
     windows: WindowSettings = Field(default_factory=WindowSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
+    compare: CompareSettings = Field(default_factory=CompareSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     otlp: OtlpSettings = Field(default_factory=OtlpSettings)

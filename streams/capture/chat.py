@@ -8,7 +8,8 @@
   seq ``len(messages)`` (the position of the answer in the conversation);
 - :func:`steps_of_request`: the ``tool`` messages after a request's last assistant message, as
   TOOL steps at their positions;
-- :class:`StreamAssembler`: the completion that server-sent chunks add up to.
+- :class:`StreamAssembler`: the completion that server-sent chunks add up to; it can also hold
+  back the usage chunk from a client that did not ask for it (:func:`ask_usage`).
 
 This module imports only the models.
 """
@@ -21,7 +22,26 @@ from typing import Any
 
 from ..models import ChatMessage, Completion, StepKind, ToolCall
 
-__all__ = ["StreamAssembler", "llm_step", "reasoning_of", "steps_of_request", "to_chat_message"]
+__all__ = [
+    "StreamAssembler",
+    "ask_usage",
+    "llm_step",
+    "reasoning_of",
+    "steps_of_request",
+    "to_chat_message",
+]
+
+
+def ask_usage(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A streamed request as sent upstream, asking for the usage chunk, and whether the client
+    asked for it itself (``stream_options.include_usage``): when not, the gateway strips it."""
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return body, True
+    merged = (
+        {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+    )
+    return {**body, "stream_options": merged}, False
 
 
 # -- pure translation: OpenAI JSON -> records -------------------------------------------------
@@ -156,7 +176,9 @@ def llm_step(
 class StreamAssembler:
     """Rebuilds a chat completion from its server-sent ``chat.completion.chunk`` events."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, strip_usage: bool = False) -> None:
+        self.strip_usage = strip_usage
+        """:meth:`feed` returns the events without the usage-only chunk (``choices: []``)."""
         self._buffer = b""
         self.done = False
         self.id: str | None = None
@@ -164,20 +186,46 @@ class StreamAssembler:
         self.usage: dict[str, Any] | None = None
         self._choices: dict[int, dict[str, Any]] = {}
 
-    def feed(self, data: bytes) -> None:
-        self._buffer += data.replace(b"\r\n", b"\n")
+    def feed(self, data: bytes) -> bytes:
+        """Read ``data`` (any slice of the stream); returns what the client is sent: ``data``
+        itself, or with ``strip_usage`` the whole events read so far minus the usage chunk."""
+        if not self.strip_usage:
+            self._feed(data)
+            return data
+        return self._feed(data)
+
+    def _feed(self, data: bytes) -> bytes:
+        self._buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+        out = []
         while b"\n\n" in self._buffer:
             event, self._buffer = self._buffer.split(b"\n\n", 1)
             payload = b"\n".join(
                 line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")
             )
             if not payload:
+                out.append(event + b"\n\n")
                 continue
             if payload.strip() == b"[DONE]":
                 self.done = True
+                out.append(event + b"\n\n")
                 continue
+            chunk: Any = None
             with contextlib.suppress(ValueError):
-                self.add_chunk(json.loads(payload))
+                chunk = json.loads(payload)
+                self.add_chunk(chunk)
+            if not (
+                self.strip_usage
+                and isinstance(chunk, dict)
+                and not chunk.get("choices")
+                and isinstance(chunk.get("usage"), dict)
+            ):
+                out.append(event + b"\n\n")
+        return b"".join(out)
+
+    def rest(self) -> bytes:
+        """With ``strip_usage``: what is left after the last whole event (sent as it is)."""
+        rest, self._buffer = (self._buffer, b"") if self.strip_usage else (b"", self._buffer)
+        return rest
 
     def add_chunk(self, chunk: Any) -> None:
         """Apply one parsed chunk (a dict, as in the SSE ``data:`` JSON)."""

@@ -73,12 +73,15 @@ from ..models import (
     UserFeedback,
     utcnow,
 )
-from ..settings import GatewaySettings, Settings
+from ..settings import GatewayKey, GatewaySettings, Settings
 from ..topics import Topics
-from .chat import StreamAssembler, llm_step, steps_of_request, to_chat_message
+from .auth import KeyRing, check_listen
+from .chat import StreamAssembler, ask_usage, llm_step, steps_of_request, to_chat_message
+from .gateway_apis import ApiConfig, ApiRoutes
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
-from .routing import Route, check_routable, decide_route
+from .routing import RolloutStrategy, Route, ShareBook, check_routable, decide_route
+from .routing_follow import ShareFollower
 
 __all__ = [
     "BadRequest",
@@ -98,6 +101,12 @@ HEADER_AGENT_VERSION = "X-Trajstream-Agent-Version"
 HEADER_CONVERSATION = "X-Trajstream-Conversation-Id"
 HEADER_MARK = "X-Trajstream-Mark"
 _MAX_HEADER = 1024
+_KEY_AGENT: Any = (
+    web.RequestKey("trajstream_key_agent", str) if hasattr(web, "RequestKey") else "key_agent"
+)
+"""Where the auth middleware leaves the agent its key names (aiohttp >= 3.13: a RequestKey)."""
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+"""Routes served without a client key: the probes (no model is called, nothing recorded)."""
 _CALL_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
 
 
@@ -143,6 +152,10 @@ class CallState:
     route: Route  # shared between calls decided alike (see Gateway._route)
     seqs: set[int] = field(default_factory=set)
     pending: set[asyncio.Task[None]] = field(default_factory=set)
+    shadows: dict[int, asyncio.Future[tuple[dict[str, Any], float] | None]] = field(
+        default_factory=dict
+    )
+    """shadow mode: Trinity's answer on its way, by the seq of the step it joins"""
 
 
 class CallTable:
@@ -189,6 +202,8 @@ class GatewayConfig:
     max_connections: int = 256
     max_open_calls: int = 100_000
     count_steps: bool = True
+    api_keys: tuple[GatewayKey, ...] = ()
+    allow_anonymous: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
@@ -213,6 +228,8 @@ class GatewayConfig:
             max_connections=g.max_connections,
             max_open_calls=g.max_open_calls,
             count_steps=g.count_steps,
+            api_keys=tuple(g.api_keys),
+            allow_anonymous=g.allow_anonymous,
         )
 
     def __repr__(self) -> str:  # never show the key
@@ -244,6 +261,8 @@ class GatewayStats:
     upstream_errors: int = 0
     answered: dict[str, int] = field(default_factory=lambda: {"trinity": 0, "production": 0})
     shadow_failures: int = 0
+    unauthorized: int = 0
+    rate_limited: int = 0
 
 
 class Gateway:
@@ -264,15 +283,19 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._routes: dict[tuple[bool, str, str], Route] = {}
+        self.keys = KeyRing(config.api_keys)
         self.otlp_options: dict[str, Any] = {}
         """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
+        self.apis = ApiRoutes(self)  # /v1/responses and /v1/messages (gateway_apis)
         self.url = ""
+        self.follower: ShareFollower | None = None
+        """With ``gateway.rollout``: the reader of ``<p>.routing`` (started and stopped here)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
         app = web.Application(
-            client_max_size=self.config.max_body_bytes, middlewares=[self._errors]
+            client_max_size=self.config.max_body_bytes, middlewares=[self._errors, self._auth]
         )
         r = app.router
         r.add_post("/v1/chat/completions", self._chat)
@@ -284,6 +307,7 @@ class Gateway:
         r.add_get("/healthz", self._health)
         # OpenTelemetry GenAI spans, the second way in: same records, same durable buffer
         add_otlp_routes(app, self._publish_spans, **self.otlp_options)
+        self.apis.mount(app)  # the Responses and Messages APIs: same records, same decisions
         return app
 
     async def _publish_spans(self, records: Sequence[AgentCall | Completion]) -> None:
@@ -291,6 +315,7 @@ class Gateway:
             self.publisher.publish(record)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        check_listen(host, bool(self.config.api_keys), self.config.allow_anonymous)
         # no total limit (a long stream is fine); an upstream silent for timeout_s is a 504
         timeout = aiohttp.ClientTimeout(
             total=None,
@@ -303,6 +328,8 @@ class Gateway:
             auto_decompress=False,
         )
         await self.publisher.start()
+        if self.follower is not None:  # gateway.rollout: the shares in force before any call
+            await self.follower.start()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -319,6 +346,8 @@ class Gateway:
             await asyncio.wait(self._background, timeout=self.config.timeout_s)
         if self._session is not None:
             await self._session.close()
+        if self.follower is not None:
+            await self.follower.stop()
         await self.publisher.stop(flush_timeout)
 
     # -- middleware: every error in OpenAI's shape ---------------------------------------------
@@ -346,6 +375,30 @@ class Gateway:
             if exc.status < 400:
                 raise
             return openai_error(exc.status, exc.reason, type_="invalid_request_error")
+
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Every route but the probes needs a configured key (when any is configured)."""
+        if not self.keys or request.path in OPEN_PATHS:
+            return await handler(request)
+        verdict = self.keys.check(request.headers)
+        if verdict.status == 401:
+            self.stats.unauthorized += 1
+            return openai_error(
+                401, verdict.message, type_="invalid_request_error", code="invalid_api_key"
+            )
+        if verdict.status == 429:
+            self.stats.rate_limited += 1
+            response = openai_error(
+                429, verdict.message, type_="requests", code="rate_limit_exceeded"
+            )
+            response.headers["Retry-After"] = str(verdict.retry_after_s)
+            return response
+        if verdict.agent is not None:
+            request[_KEY_AGENT] = verdict.agent
+        return await handler(request)
 
     # -- parsing --------------------------------------------------------------------------------
 
@@ -391,6 +444,8 @@ class Gateway:
                     f"header {header} must be 1 to {_MAX_HEADER} printable characters", header
                 )
             fields[name] = value
+        if request.get(_KEY_AGENT) is not None:  # the key names its agent
+            fields["agent_name"] = request[_KEY_AGENT]
         raw_mark = request.headers.get(HEADER_MARK)
         now = utcnow()
         if raw_mark is not None:
@@ -454,10 +509,9 @@ class Gateway:
         for record in records:  # START and tool steps first: they happened before the answer
             self.publisher.publish(record)
 
-        if route.shadow:
-            task = self._spawn(self._shadow(call_id, body, state, one_step=not path_call))
-            state.pending.add(task)
-            task.add_done_callback(state.pending.discard)
+        if route.shadow and len(messages) not in state.seqs:
+            # Trinity answers the same request meanwhile; its answer joins the recorded step
+            state.shadows[len(messages)] = asyncio.ensure_future(self._shadow(call_id, body))
         if body.get("stream"):
             return await self._forward_stream(
                 raw, request, call_id, body, state, headers, path_call
@@ -524,20 +578,55 @@ class Gateway:
         latency_ms: float,
         one_step: bool,
     ) -> None:
+        """Record the answer the client saw; in shadow mode once Trinity's answer joins it."""
         now = utcnow()
         step = llm_step(call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now)
         if step.seq in state.seqs and not one_step:
             return  # a retried request: the first answer is the step
         state.seqs.add(step.seq)
+        shadow = state.shadows.pop(step.seq, None)
+        if shadow is None:
+            self._publish_step(step, one_step)
+            return
+        task = self._spawn(self._join_shadow(step, body, shadow, one_step))
+        state.pending.add(task)
+        task.add_done_callback(state.pending.discard)
+
+    async def _join_shadow(
+        self,
+        step: Completion,
+        body: dict[str, Any],
+        shadow: asyncio.Future[tuple[dict[str, Any], float] | None],
+        one_step: bool,
+    ) -> None:
+        """The step as the client saw it, with Trinity's answer to the same request beside it."""
+        got = await shadow
+        if got is not None:
+            answer, latency = got
+            with contextlib.suppress(pydantic.ValidationError):
+                theirs = llm_step(
+                    step.call_id, body, answer, upstream="trinity", latency_ms=latency, now=utcnow()
+                )
+                step = step.model_copy(
+                    update={
+                        "shadow_response_id": theirs.response_id,
+                        "shadow_output_messages": theirs.output_messages,
+                        "shadow_tool_call_details": theirs.tool_call_details,
+                        "shadow_latency_ms": latency,
+                    }
+                )
+        self._publish_step(step, one_step)
+
+    def _publish_step(self, step: Completion, one_step: bool) -> None:
         self.publisher.publish(step)
         if one_step:
             output = step.output_messages[0].content if step.output_messages else None
             self.publisher.publish(
                 AgentCall(
-                    event_id=f"{call_id}/end",
-                    call_id=call_id,
+                    event_id=f"{step.call_id}/end",
+                    call_id=step.call_id,
                     phase=CallPhase.END,
-                    event_time=now,
+                    event_time=step.event_time,
                     status=CallStatus.OK,
                     output=output,
                     step_count=1,
@@ -569,19 +658,18 @@ class Gateway:
         response.headers["Content-Type"] = content_type
         if upstream.status == 200:
             self.stats.answered[route.upstream] += 1
-            if not route.shadow:
-                with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
-                    answer = json.loads(data)
-                    if isinstance(answer, dict):
-                        self._record(
-                            call_id,
-                            body,
-                            answer,
-                            state,
-                            upstream=route.upstream,
-                            latency_ms=latency,
-                            one_step=path_call is None,
-                        )
+            with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
+                answer = json.loads(data)
+                if isinstance(answer, dict):
+                    self._record(
+                        call_id,
+                        body,
+                        answer,
+                        state,
+                        upstream=route.upstream,
+                        latency_ms=latency,
+                        one_step=path_call is None,
+                    )
         else:
             self.stats.upstream_errors += 1
         return response
@@ -598,8 +686,10 @@ class Gateway:
     ) -> web.StreamResponse:
         route = state.route
         began = time.perf_counter()
+        # usage on every stream: ask for it; strip it from a client that did not
+        sent, asked = ask_usage(body)
         try:
-            upstream = await self._send(route.upstream, body, raw)
+            upstream = await self._send(route.upstream, sent, raw if asked else None)
         except UpstreamFailed as exc:
             return self._upstream_error(exc, headers)
         async with upstream:
@@ -620,11 +710,15 @@ class Gateway:
             )
             response.headers["Cache-Control"] = "no-cache"
             await response.prepare(request)
-            assembler = StreamAssembler()
+            assembler = StreamAssembler(strip_usage=not asked)
             try:
                 async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                    assembler.feed(chunk)
+                    forwarded = assembler.feed(chunk)
+                    if forwarded:
+                        await response.write(forwarded)
+                rest = assembler.rest()
+                if rest:
+                    await response.write(rest)
             except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
                 # the agent saw a broken stream; nothing is recorded
                 log.warning("stream of call %s broke off: %s", call_id, type(exc).__name__)
@@ -632,7 +726,7 @@ class Gateway:
             await response.write_eof()
         latency = (time.perf_counter() - began) * 1000
         self.stats.answered[route.upstream] += 1
-        if assembler.done and not route.shadow:
+        if assembler.done:
             with contextlib.suppress(pydantic.ValidationError):
                 self._record(
                     call_id,
@@ -646,9 +740,9 @@ class Gateway:
         return response
 
     async def _shadow(
-        self, call_id: str, body: dict[str, Any], state: CallState, *, one_step: bool
-    ) -> None:
-        """The same request to Trinity (not streamed); its answer is the training step."""
+        self, call_id: str, body: dict[str, Any]
+    ) -> tuple[dict[str, Any], float] | None:
+        """The same request to Trinity (not streamed): its answer and latency, None on failure."""
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         began = time.perf_counter()
         try:
@@ -658,20 +752,15 @@ class Gateway:
                 if upstream.status != 200:
                     raise UpstreamFailed(upstream.status, data[:200].decode(errors="replace"), "")
             answer = json.loads(data)
-            self._record(
-                call_id,
-                body,
-                answer,
-                state,
-                upstream="trinity-shadow",
-                latency_ms=(time.perf_counter() - began) * 1000,
-                one_step=one_step,
-            )
+            if not isinstance(answer, dict):
+                raise ValueError("the answer is not a JSON object")
+            return answer, (time.perf_counter() - began) * 1000
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.stats.shadow_failures += 1
             log.warning("shadow request of call %s to Trinity failed: %s", call_id, exc)
+            return None
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         call_id = self._call_id(request)
@@ -739,6 +828,7 @@ class Gateway:
             )
         )
         self.calls.pop(call_id)
+        self.apis.items.forget(call_id)
         return web.json_response(
             {"status": "accepted", "call_id": call_id, "step_count": step_count}, status=202
         )
@@ -795,6 +885,8 @@ class Gateway:
                 "open_calls": len(self.calls),
                 "requests": self.stats.requests,
                 "rejected": self.stats.rejected,
+                "unauthorized": self.stats.unauthorized,
+                "rate_limited": self.stats.rate_limited,
                 "upstream_errors": self.stats.upstream_errors,
                 "answered": self.stats.answered,
                 "shadow_failures": self.stats.shadow_failures,
@@ -821,6 +913,9 @@ def build_gateway(
     )
     check_routable(strategy, spec)
     bootstrap = settings.bootstrap_servers
+    book = ShareBook() if settings.gateway.rollout.enabled else None
+    if book is not None:  # the share the ledger owner decides; the strategy for new agents
+        strategy = RolloutStrategy(strategy, book)
     if producer_factory is None:
         if not bootstrap:
             from ..errors import ConfigError
@@ -857,12 +952,17 @@ def build_gateway(
         prepare=prepare,
     )
     gateway = Gateway(config, strategy, publisher)
+    if book is not None and bootstrap:
+        gateway.follower = ShareFollower(
+            bootstrap, topics.routing, book, security=settings.kafka.security
+        )
     otlp = settings.otlp
     gateway.otlp_options = {
         "max_body": otlp.max_body_bytes,
         "publish_timeout": otlp.publish_timeout_s,
         "missing_parent": otlp.missing_parent,
     }
+    gateway.apis.configure(ApiConfig.from_settings(settings.gateway))
     return gateway
 
 

@@ -46,7 +46,8 @@ from ..models import (
     Tick,
     Trajectory,
 )
-from .select import CallView, Strategy
+from .arms import routed_upstream, scored_unselected
+from .select import CallView, Strategy, routed_selection
 
 __all__ = [
     "SEQ_SPACE",
@@ -283,15 +284,22 @@ def view_of(state: PendingCall) -> CallView:
 def close(
     state: PendingCall, strategy: Strategy, reason: str
 ) -> tuple[Selection, Trajectory | None]:
-    """Decide selection for a closing call and build its trajectory when selected.
+    """Decide selection for a closing call and build its trajectory when selected, or when a
+    gateway routed it to production (scored for the comparison, not trained on:
+    :mod:`streams.core.arms`).
+
+    A call a gateway routed is selected as its START says (:func:`~.select.routed_selection`);
+    the others by ``strategy``.
 
     A call closed without its END (abandoned, or oversized before its end) is decided like any
     other and, when selected, keeps what it had; its ``closed_reason`` says why it closed, and
     the reward stage does not score it unless told to.
     """
     view = view_of(state)
-    selection = strategy.decide(view)
-    if not selection.selected:
+    # a routed call keeps the gateway's decision; any other is decided now. A routed call
+    # that is not selected (production answered it) is still scored, for the comparison
+    selection = routed_selection(state.start) or strategy.decide(view)
+    if not selection.selected and not scored_unselected(state.start):
         return selection, None
     start, end = state.start, state.end
     first = start or end
@@ -315,6 +323,7 @@ def close(
         started_at=start.event_time if start else None,
         ended_at=view.ended_at,
         closed_reason=reason,
+        upstream=routed_upstream(start),
     )
     return selection, trajectory
 

@@ -30,6 +30,8 @@ OutputTopic = Literal[
     "commits",
     "judge_requests",
     "verdicts",
+    "comparisons",
+    "routing",
 ]
 
 

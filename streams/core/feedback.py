@@ -9,7 +9,7 @@ record one acknowledgement for the trajectory (counted once by the ledger, with 
 requests). A redelivery sends them all again: Trinity ignores a msg_id it rewarded before, so a
 set interrupted half-way is completed, and nothing is counted twice.
 
-May import: the standard library, :mod:`streams.models`.
+May import: the standard library, :mod:`streams.models`, :mod:`streams.core.arms`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..models import FeedbackAck, RewardedTrajectory
+from .arms import trains
 
 __all__ = ["FeedbackPort", "FeedbackRequest", "deliver", "feedback_requests"]
 
@@ -34,7 +35,11 @@ class FeedbackRequest:
 
 
 def feedback_requests(rewarded: RewardedTrajectory) -> list[FeedbackRequest]:
-    """The ``/feedback`` requests of ``rewarded``: one per distinct reward, see the module."""
+    """The ``/feedback`` requests of ``rewarded``: one per distinct reward, see the module;
+    none for a call production answered (:func:`streams.core.arms.trains`): it is acknowledged
+    with no request, for the ledger's windows of its upstream."""
+    if not trains(rewarded):
+        return []
     groups: dict[float, list[str]] = {}
     for msg_id in rewarded.msg_ids:
         reward = rewarded.step_rewards.get(msg_id, rewarded.reward)

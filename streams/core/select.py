@@ -38,6 +38,7 @@ from ..models import AgentCall, Selection, TrainingMark
 from .plugins import load_object
 
 __all__ = [
+    "ROUTED_SELECTED",
     "AllOf",
     "AnyOf",
     "CallView",
@@ -46,8 +47,31 @@ __all__ = [
     "SamplingRate",
     "Strategy",
     "build_strategy",
+    "routed_selection",
     "sample_point",
 ]
+
+ROUTED_SELECTED = "trajstream.route.selected"
+"""The START attribute a gateway (or the routing client wrapper) sets when it routed the call."""
+
+
+def routed_selection(start: AgentCall | None) -> Selection | None:
+    """The selection a gateway made at the call's first request, published on its START
+    (``trajstream.route.selected``, ``.strategy``, ``.reason``), or None for a call captured
+    without one. A routed call is selected exactly as it was routed: in route mode the calls
+    Trinity answered, in shadow mode the calls shadowed; a mark that arrives later (on END) is
+    kept on the trajectory but changes nothing, and the mark's TTL was checked at the decision.
+    """
+    if start is None:
+        return None
+    flag = start.attributes.get(ROUTED_SELECTED)
+    if flag not in ("true", "false"):
+        return None
+    return Selection(
+        selected=flag == "true",
+        strategy=start.attributes.get("trajstream.route.strategy") or "gateway",
+        reason=start.attributes.get("trajstream.route.reason") or "routed",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ wall clock as ``now`` and sends what the stage returns; the Faust tables are the
 with its reason and source topic/partition/offset, instead of a crash or a silent skip inside
 Faust's deserializer.
 
+0. ``spans``      spans + ticks -> agent-events (OTLP trace fragments -> each call's records;
+                  :mod:`.spans_agent`, :class:`~streams.core.spans.SpanResolver`; table ``traces``)
 1. ``assemble``   agent-events + ticks  -> trajectories, decisions, late-events
                   (:class:`~streams.core.assemble.Assembler`; tables ``pending``, ``closed``)
 2. ``reward``     trajectories + user-feedback + ticks (+ verdicts) -> rewarded (+ judge-requests)
@@ -73,10 +75,12 @@ from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
+    Comparison,
     DriftAlert,
     JudgeRequest,
     LedgerState,
     RewardedTrajectory,
+    RoutingShare,
     SelectionDecision,
     Tick,
     WindowSummary,
@@ -88,7 +92,7 @@ from ..observe.web import ObserveServer
 from ..settings import RECORD_HEADROOM, Settings
 from ..topics import Topics
 from ..wire import TopicFraming
-from . import handover
+from . import handover, spans_agent
 from .config import judge_of, ledger_config_of, limits_of
 from .producing import install_idempotence, raw_schema
 
@@ -192,6 +196,7 @@ class Pipeline:
             app_id=settings.app_id,
             inputs=(
                 t.agent_events,
+                t.spans,
                 t.ticks,
                 t.trajectories,
                 t.user_feedback,
@@ -291,6 +296,8 @@ class Pipeline:
         self.t_alerts = raw_topic(t.alerts, 1)
         self.t_judge_requests = raw_topic(t.judge_requests, n)
         self.t_verdicts = raw_topic(t.verdicts, n)
+        self.t_comparisons = raw_topic(t.comparisons, 1)
+        self.t_routing = raw_topic(t.routing, 1)
         self.pending = raw_table("pending", n)
         self.closed = raw_table("closed", n)
         self.awaiting = raw_table("awaiting", n)
@@ -322,6 +329,10 @@ class Pipeline:
         async def assemble(stream: faust.StreamT) -> None:
             async for event in stream.events():
                 await self._guard("assemble", event, self.assembler.on_record)
+
+        # 0. spans: OTLP trace fragments -> each call's records on agent-events (spans_agent)
+        self.t_agent_events = self.t_events  # the stage's output topic, by the core's name
+        self.span_resolver = spans_agent.install(self, app, raw_table)
 
         # 2. reward: trajectory (+ user feedback, within the grace period, + the judge's
         # verdict) -> rewarded; a judge request once per call that needs a verdict
@@ -398,6 +409,7 @@ class Pipeline:
             # changed them meanwhile
             self.assembler.reset()
             self.reward_join.reset()
+            self.span_resolver.reset()
 
         @app.on_before_shutdown.connect
         async def _final(app: faust.App, **_: Any) -> None:
@@ -495,6 +507,10 @@ class Pipeline:
             self.metrics.window(record)
         elif isinstance(record, DriftAlert):
             self.metrics.drift_alert(record)
+        elif isinstance(record, Comparison):
+            self.metrics.comparison(record)
+        elif isinstance(record, RoutingShare):
+            self.metrics.routing(record)
 
     async def _reject(self, reject: Reject) -> None:
         record = dead_letter(

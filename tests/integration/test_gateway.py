@@ -22,6 +22,7 @@ from streams.select import sample_point
 from streams.settings import load_settings
 from streams.standin import StandIn
 
+from .chaos import read_all
 from .conftest import read_topic, wait_for
 
 pytestmark = pytest.mark.integration
@@ -56,12 +57,13 @@ async def running_gateway(
     production_url: str,
     spill: Path,
     strategy: str = "sampling:1",
+    mark_ttl_s: float = 60,
     **gateway: Any,
 ) -> AsyncIterator[Gateway]:
     settings = load_settings(
         kafka={"bootstrap_servers": bootstrap, "topic_prefix": prefix, "partitions": 2},
         trinity={"url": trinity_url},
-        selection={"strategy": strategy},
+        selection={"strategy": strategy, "mark_ttl_s": mark_ttl_s},
         gateway={
             "production_url": production_url,
             "production_api_key": "sk-test-secret",
@@ -280,7 +282,7 @@ async def test_routing_follows_the_documented_hash_over_1000_calls(
     )
 
 
-async def test_shadow_mode_answers_from_production_and_records_trinity(
+async def test_shadow_mode_answers_from_production_and_records_both_answers(
     kafka_bootstrap, prefix, standin, production, tmp_path
 ):
     async with running_gateway(
@@ -315,8 +317,12 @@ async def test_shadow_mode_answers_from_production_and_records_trinity(
     )
     (marked_step,) = [r for r in call_events(records, "marked-1") if isinstance(r, Completion)]
     (plain_step,) = [r for r in call_events(records, "plain-1") if isinstance(r, Completion)]
-    assert marked_step.upstream == "trinity-shadow"
-    assert list(standin.state.experiences) == [marked_step.response_id]
+    # the step is what the client saw; Trinity's answer to the same request travels with it
+    assert marked_step.upstream == "production"
+    assert marked_step.response_id == answers["marked-1"].id
+    assert list(standin.state.experiences) == [marked_step.shadow_response_id]
+    assert marked_step.msg_id == marked_step.shadow_response_id
+    assert plain_step.shadow_response_id is None and plain_step.msg_id is None
     assert plain_step.upstream == "production" and plain_step.response_id == answers["plain-1"].id
 
 
@@ -580,3 +586,117 @@ async def test_two_replicas_agree_on_a_calls_route_and_its_steps(
         starts = [e for e in events if isinstance(e, AgentCall) and e.phase is CallPhase.START]
         assert {s.event_id for s in starts} == {f"{cid}/start"}  # one START, by its id
         assert len({s.attributes["trajstream.route.upstream"] for s in starts}) == 1
+
+
+async def test_a_stream_without_include_usage_is_recorded_with_its_tokens_and_sent_without(
+    kafka_bootstrap, prefix, standin, production, tmp_path
+):
+    async with running_gateway(
+        kafka_bootstrap, prefix, standin.url, f"{production.url}/v1", tmp_path / "spill"
+    ) as gw:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/calls/u-1/v1", api_key="k", max_retries=0)
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "count me"}], stream=True
+            )
+        ]
+        asked = [
+            c
+            async for c in await client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "count me"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        ]
+        await client.close()
+        async with httpx.AsyncClient() as http:
+            assert (await http.post(f"{gw.url}/calls/u-1/end")).status_code == 202
+        assert await gw.publisher.flush(20)
+    assert chunks and all(c.choices and c.usage is None for c in chunks)
+    assert asked[-1].usage is not None and not asked[-1].choices  # asked: passed through
+    records = await read_topic(kafka_bootstrap, f"{prefix}.agent-events", until=complete({"u-1"}))
+    (step,) = [r for r in call_events(records, "u-1") if isinstance(r, Completion)]
+    assert step.input_tokens == asked[-1].usage.prompt_tokens
+    assert step.output_tokens == asked[-1].usage.completion_tokens
+    assert step.response_id == chunks[0].id
+
+
+async def test_client_keys_on_every_route_in_openais_shape_and_never_on_the_topic(
+    kafka_bootstrap, prefix, standin, production, tmp_path
+):
+    keys = [
+        {"key": "sk-support-key-1", "agent": "support", "rate_per_s": 3},
+        {"key": "sk-batch-key-22"},
+    ]
+    async with running_gateway(
+        kafka_bootstrap,
+        prefix,
+        standin.url,
+        f"{production.url}/v1",
+        tmp_path / "spill",
+        api_keys=keys,
+    ) as gw:
+        messages = [{"role": "user", "content": "hi"}]
+        client = openai.AsyncOpenAI(
+            base_url=f"{gw.url}/calls/k-0/v1", api_key="sk-wrong-key-99", max_retries=0
+        )
+        with pytest.raises(openai.AuthenticationError) as caught:
+            await client.chat.completions.create(model="m", messages=messages)
+        assert caught.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            await client.models.list()
+        await client.close()
+        async with httpx.AsyncClient(base_url=gw.url) as http:  # no key at all
+            for path in (
+                "/calls/k-0/end",
+                "/calls/k-0/feedback",
+                "/v1/chat/completions",
+                "/calls/k-0/v1/chat/completions",
+                "/v1/traces",
+            ):
+                r = await http.post(path, json={"rating": 1})
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            assert (await http.get("/healthz")).status_code == 200  # the probe stays open
+        support = openai.AsyncOpenAI(
+            base_url=f"{gw.url}/calls/k-1/v1",
+            api_key="sk-support-key-1",
+            max_retries=0,
+            default_headers={"X-Trajstream-Agent-Name": "claimed-other"},
+        )
+        answered, limited = 0, []
+        for _ in range(8):  # 3 a second, a bucket of 3: some of 8 quick ones are refused
+            try:
+                await support.chat.completions.create(model="m", messages=messages)
+                answered += 1
+            except openai.RateLimitError as exc:
+                limited.append(exc)
+        await support.close()
+        assert answered >= 3 and limited
+        assert limited[0].code == "rate_limit_exceeded"
+        assert int(limited[0].response.headers["retry-after"]) >= 1
+        batch = openai.AsyncOpenAI(
+            base_url=f"{gw.url}/calls/k-2/v1", api_key="sk-batch-key-22", max_retries=0
+        )
+        for _ in range(5):  # no rate on this key
+            await batch.chat.completions.create(model="m", messages=messages)
+        await batch.close()
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            for cid, key in (("k-1", "sk-support-key-1"), ("k-2", "sk-batch-key-22")):
+                await asyncio.sleep(1)
+                r = await http.post(f"/calls/{cid}/end", headers={"Authorization": f"Bearer {key}"})
+                assert r.status_code == 202
+        assert gw.stats.unauthorized == 7 and gw.stats.rate_limited == len(limited)
+        assert await gw.publisher.flush(20)
+    records = await read_topic(
+        kafka_bootstrap, f"{prefix}.agent-events", until=complete({"k-1", "k-2"})
+    )
+    starts = {
+        r.call_id: r for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.START
+    }
+    assert "k-0" not in starts  # refused: recorded nowhere
+    assert starts["k-1"].agent_name == "support" and starts["k-2"].agent_name is None
+    raw = await read_all(kafka_bootstrap, f"{prefix}.agent-events", idle_s=2)
+    secrets = (b"sk-support-key-1", b"sk-batch-key-22", b"sk-test-secret")
+    assert raw and not any(s in v for v in raw for s in secrets)

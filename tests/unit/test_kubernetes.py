@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from streams.cli import build_parser
+from streams.errors import ConfigError
 from streams.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,6 +228,17 @@ def test_the_gateway_listens_and_answers_where_the_manifests_say(
     assert str(settings.gateway.spill_dir).startswith(
         next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "data")
     ), "the spill dir is on the pod's writable volume"
+    # 0.0.0.0 is an open relay without client keys: the example Secret carries them, the base
+    # alone (no Secret) refuses to start, naming the two settings
+    from streams.capture.auth import check_listen
+
+    g = settings.gateway
+    if by_kind(rendered, "Secret").get("trajstream-secrets") is not None:
+        assert g.api_keys and not g.allow_anonymous
+        check_listen(g.host, bool(g.api_keys), g.allow_anonymous)
+    else:
+        with pytest.raises(ConfigError, match=r"gateway\.api_keys.*gateway\.allow_anonymous"):
+            check_listen(g.host, bool(g.api_keys), g.allow_anonymous)
 
 
 def test_the_otlp_ingest_listens_where_the_manifests_say(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.capture.chat import StreamAssembler, llm_step, steps_of_request
+from streams.capture.chat import StreamAssembler, ask_usage, llm_step, steps_of_request
 from streams.capture.gateway import BadRequest, parse_messages
 from streams.capture.publisher import SpillFiles
 from streams.capture.routing import check_routable, decide_route
@@ -177,6 +177,33 @@ def test_streamed_chunks_add_up_to_the_completion() -> None:
     assert message["content"] == "Hello"
     assert message["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"q": 1}'}
     assert out["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_stream_asks_for_usage_and_a_client_that_did_not_ask_never_sees_it() -> None:
+    body = {"messages": [], "stream": True, "stream_options": {"x": 1}}
+    sent, asked = ask_usage(body)
+    assert not asked and sent["stream_options"] == {"x": 1, "include_usage": True}
+    assert body["stream_options"] == {"x": 1}  # the client's body is not changed
+    assert ask_usage({"stream": True})[0]["stream_options"] == {"include_usage": True}
+    mine = {"stream": True, "stream_options": {"include_usage": True}}
+    assert ask_usage(mine) == (mine, True)
+
+    chunks = [
+        {"id": "r1", "choices": [{"index": 0, "delta": {"content": "Hi"}}], "usage": None},
+        {"id": "r1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"id": "r1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    ]
+    events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+    data = b": keep-alive\n\n" + b"".join(events) + b"data: [DONE]\n\n"
+    for strip in (True, False):
+        assembler = StreamAssembler(strip_usage=strip)
+        forwarded = b"".join(assembler.feed(data[i : i + 5]) for i in range(0, len(data), 5))
+        forwarded += assembler.rest()
+        assert assembler.completion()["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
+        expected = data.replace(events[2], b"") if strip else data
+        assert forwarded == expected
+    torn = StreamAssembler(strip_usage=True)
+    assert torn.feed(events[0] + b"data: {") == events[0] and torn.rest() == b"data: {"
 
 
 def test_spill_files_read_back_in_order_across_restarts_and_skip_a_torn_frame(
