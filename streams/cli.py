@@ -336,56 +336,21 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
-    from collections import Counter
-
-    from .codec import SchemaRegistry
-    from .io import kafka
-    from .models import SelectionDecision
-    from .topics import Topics
+    from .observe.audit import audit_table, count_decisions
 
     bootstrap = resolve_bootstrap(settings)
     _registry(settings)  # reads Confluent's wire format with a schema registry
-    topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).decisions
-    codec = SchemaRegistry.default()
-
-    async def read() -> Counter[tuple[str, str, str, str]]:
-        counts: Counter[tuple[str, str, str, str]] = Counter()
-        partitions = (await kafka.topic_partitions(bootstrap, settings.kafka.security)).get(topic)
-        if partitions is None:
-            raise ConfigError(f"topic {topic} does not exist (kafka.topic_prefix?)")
-        consumer = kafka.consumer(bootstrap, settings.kafka.security, group_id=None)
-        await consumer.start()
-        try:
-            for m in await kafka.read_whole(consumer, topic, partitions):
-                d = codec.decode_as(m.value, SelectionDecision)
-                counts[
-                    (
-                        d.agent_name or "-",
-                        d.selection.strategy,
-                        "selected" if d.selection.selected else "rejected",
-                        d.selection.reason,
-                    )
-                ] += 1
-        finally:
-            await consumer.stop()
-        return counts
-
-    counts = asyncio.run(read())
+    counts = asyncio.run(count_decisions(settings, bootstrap))
     print(audit_table(counts))
     print(f"{sum(counts.values())} calls decided")
     return 0
 
 
 def audit_table(counts: Mapping[tuple[str, str, str, str], int]) -> str:
-    """The audit's rows under a header, each column as wide as its longest value."""
-    header = ("agent", "strategy", "decision", "reason", "calls")
-    rows = [(*key, str(n)) for key, n in sorted(counts.items())]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = []
-    for row in [header, *rows]:
-        cells = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)]
-        lines.append(" ".join([*cells, row[-1].rjust(max(widths[-1], 7))]))
-    return "\n".join(lines)
+    """Compatibility: :func:`streams.observe.audit.audit_table`."""
+    from .observe.audit import audit_table as table
+
+    return table(counts)
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -413,34 +378,12 @@ def cmd_commits_resume(args: argparse.Namespace, settings: Settings) -> int:
 
     An operator action: whoever may write the ledger topic may resume commits (grant it to the
     workers' principal and to operators only)."""
-    from .codec import SchemaRegistry
-    from .io.kafka import producer
-    from .models import CommitResume, utcnow
+    from .io.operations import resume_commits
     from .topics import Topics
 
     bootstrap = resolve_bootstrap(settings)
-    record = CommitResume(
-        agent_name=args.agent,
-        model=args.model,
-        requested_at=utcnow(),
-        requested_by=args.by,
-        reason=args.reason,
-    )
-    topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger
-    key = f"{args.agent or '*'}|{args.model or '*'}".encode()
-    _registry(settings, [topic])  # its producer then writes the ledger's wire format
-
-    async def publish() -> None:
-        client = producer(bootstrap, settings.kafka.security)
-        await client.start()
-        try:
-            await client.send_and_wait(
-                topic, SchemaRegistry.default().encode(record), key=key, partition=0
-            )
-        finally:
-            await client.stop()
-
-    asyncio.run(publish())
+    _registry(settings, [Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger])
+    asyncio.run(resume_commits(settings, bootstrap, args.agent, args.model, args.by, args.reason))
     print(
         f"asked the ledger to resume commits held for agent {args.agent or 'any'}, "
         f"model {args.model or 'any'}"
