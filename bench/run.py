@@ -85,6 +85,8 @@ CODEC = SchemaRegistry.default()
 PARTITIONS = 4
 EVENTS_PER_CALL = 5
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+TRACE_DIR: Path | None = None
+"""--trace-memory: workers run under tracemalloc (bench/traced_worker.py), dumps written here."""
 
 
 # -- realistic events ------------------------------------------------------------------------
@@ -309,12 +311,16 @@ def worker(
         **extra,
     )
     procs = []
+    command = [sys.executable, "-m", "streams.cli", "worker"]
+    if TRACE_DIR is not None:
+        traced = ROOT / "bench" / "traced_worker.py"
+        command = [sys.executable, str(traced), str(TRACE_DIR / prefix), "worker"]
     try:
         for i in range(n):
             log = (tmp / f"{prefix}-worker{i}.log").open("wb")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "streams.cli", "worker"],
+                    command,
                     env=env,
                     cwd=ROOT,
                     stdout=log,
@@ -327,6 +333,22 @@ def worker(
         # what was measured is in: a graceful stop (seconds per worker) would only cost time
         for p in procs:
             _kill(p, hard=True)
+
+
+async def trace(prefix: str, name: str, timeout: float = 600) -> str | None:
+    """With --trace-memory: ask the (one) traced worker of ``prefix`` for a tracemalloc dump
+    against its first one (``base``); returns the dump's path. Without it: nothing."""
+    if TRACE_DIR is None:
+        return None
+    folder = TRACE_DIR / prefix
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.want").touch()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # another process answers, by a file
+        if not (folder / f"{name}.want").exists():
+            break
+        await asyncio.sleep(0.2)
+    return str(folder / f"{name}.txt")
 
 
 def wait_fed_back(
@@ -728,6 +750,7 @@ async def memory(
         await wait_consumed(bootstrap, prefix, topics.agent_events)
         await asyncio.sleep(2)
         before = rss_kib(pid)
+        traces = {"base": await trace(prefix, "base")}
         for events, n in shapes:
             partial = [
                 r
@@ -752,7 +775,10 @@ async def memory(
                 "rss_overhead_bytes_per_open": round(per_open - payload / n),
                 "seconds_to_consume": round(seconds, 1),
             }
+            traces[f"events_{events}"] = await trace(prefix, f"events_{events}")
             before = after
+    if TRACE_DIR is not None:
+        out["tracemalloc"] = traces
     return out
 
 
@@ -880,7 +906,16 @@ async def soak(
             t0 = time.monotonic()
             n = 0
             next_sample = t0
+            # with --trace-memory: a base dump after warm-up, then at minutes 6 and 16 and the end
+            marks = sorted({seconds / 5, 360.0, 960.0})
+            dumps = [m for m in marks if m < seconds]
+            traces: dict[str, str | None] = {}
             while time.monotonic() - t0 < seconds:
+                if TRACE_DIR is not None and dumps and time.monotonic() - t0 >= dumps[0]:
+                    at = dumps.pop(0)
+                    traces["base" if not traces else f"at_{at:g}s"] = await trace(
+                        prefix, "base" if not traces else f"at_{at:g}s"
+                    )
                 for key, value in call_events(rng):
                     await producer.send(topics.agent_events, value, key=key)
                 n += 1
@@ -889,6 +924,8 @@ async def soak(
                     next_sample += max(1.0, seconds / 120)
                 await asyncio.sleep(max(0.0, t0 + n / calls_per_s - time.monotonic()))
             samples.append((round(time.monotonic() - t0, 1), rss_kib(pid)))
+            if traces:
+                traces["end"] = await trace(prefix, "end")
         finally:
             await producer.stop()
         fed_back = standin.counts()["feedback_ok"]
@@ -909,6 +946,7 @@ async def soak(
         "slope_kib_per_hour": round(slope, 1),
         "slope_pct_per_hour": round(100 * slope / first, 2),
         "samples": samples,
+        **({"tracemalloc": traces} if traces else {}),
     }
 
 
@@ -1128,7 +1166,9 @@ def verdicts(r: dict[str, Any]) -> list[Row]:
                 _met(lt["p99_ms"] <= 100),
             )
         )
-    for m in r.get("memory", {}).values():
+    for name, m in r.get("memory", {}).items():
+        if not name.startswith("events_"):
+            continue
         over = m["rss_overhead_bytes_per_open"]
         rows.append(
             (
@@ -1273,6 +1313,14 @@ if __name__ == "__main__":
     parser.add_argument("--latency-seconds", type=float, default=None)
     parser.add_argument("--soak-seconds", type=float, default=1800)
     parser.add_argument("--bootstrap", help="use this Kafka instead of starting one")
+    parser.add_argument(
+        "--trace-memory",
+        type=Path,
+        metavar="DIR",
+        help="run workers under tracemalloc (slower: not for timing) and write its top "
+        "allocators to DIR: memory after warm-up and each shape, soak after warm-up, at "
+        "minutes 6 and 16 and at the end",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     a = parser.parse_args()
     a.calls = a.calls or (200 if a.quick else 4000)
@@ -1281,6 +1329,8 @@ if __name__ == "__main__":
     a.latency_seconds = a.latency_seconds or (5 if a.quick else 30)
     a.floor_seconds = a.floor_seconds if a.floor_seconds is not None else (0 if a.quick else 20)
     a.repeats = a.repeats if a.repeats is not None else (1 if a.quick else 3)
+    if a.trace_memory:
+        TRACE_DIR = a.trace_memory.resolve()
     res = asyncio.run(main(a))
     table = Table(title=f"trajstream benchmark, {res['date']}, {machine_line(res['machine'])}")
     for col in ("measure", "figures", "result", "target", "met"):
