@@ -43,7 +43,7 @@ def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
     since = parse_time(args.since, utcnow()) if args.since else None
 
     async def read() -> Any:
-        async with TopicReader(bootstrap) as reader:
+        async with TopicReader(bootstrap, security=settings.kafka.security) as reader:
             return await read_policy(reader, topics, inputs=args.replay)
 
     view, windows, alerts = asyncio.run(read())
@@ -69,7 +69,7 @@ def cmd_routing_show(args: argparse.Namespace, settings: Settings) -> int:
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
 
     async def read() -> Any:
-        async with TopicReader(bootstrap) as reader:
+        async with TopicReader(bootstrap, security=settings.kafka.security) as reader:
             return await read_policy(reader, topics)
 
     view, _, _ = asyncio.run(read())
