@@ -33,7 +33,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-from aiokafka.errors import KafkaError
+from aiokafka.errors import GroupCoordinatorNotAvailableError, KafkaError
 
 from ..codec import SchemaRegistry
 from ..errors import BrokerError, ConfigError, RecordError
@@ -200,8 +200,13 @@ class TopicReader:
         return out
 
     async def group(self, group_id: str) -> tuple[str, list[Member]]:
-        """The group's state and members, with each member's assigned partitions."""
-        responses = await self.admin.describe_consumer_groups([group_id])
+        """The group's state and members, with each member's assigned partitions. A group
+        whose coordinator is not there (a cluster where no group ever committed: no offsets
+        topic yet) is a dead group without members."""
+        try:
+            responses = await self.admin.describe_consumer_groups([group_id])
+        except GroupCoordinatorNotAvailableError:
+            return "Dead", []
         state, members = "Dead", []
         for response in responses:
             for group in response.to_object()["groups"]:
@@ -229,7 +234,10 @@ class TopicReader:
         return state, sorted(members, key=lambda m: (m.host, m.member_id))
 
     async def committed(self, group_id: str) -> dict[TopicPartition, int]:
-        offsets = await self.admin.list_consumer_group_offsets(group_id)
+        try:
+            offsets = await self.admin.list_consumer_group_offsets(group_id)
+        except GroupCoordinatorNotAvailableError:  # no group ever committed here
+            return {}
         return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
 
 
