@@ -424,6 +424,10 @@ class Pipeline:
             config.update({k: str(v) for k, v in (topic.config or {}).items()})
             partitions = topic.partitions or self.settings.kafka.partitions
             out[topic.get_topic_name()] = (partitions, config)
+        # and the leader assignor's topic: missing from the first assignment's metadata, no
+        # worker is leader (no ticks: the span stage's held ENDs, abandonment and commits wait)
+        # until a later rebalance, which may never come
+        out[f"{self.app.conf.id}-__assignor-__leader"] = (1, {})
         return out
 
     @property
