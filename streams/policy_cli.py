@@ -30,7 +30,7 @@ EXAMPLES = """examples:
 
 
 def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
-    from .cli import resolve_bootstrap
+    from .cli_support import resolve_bootstrap
     from .models import utcnow
     from .observe.policy import read_policy, render, replay_decisions
     from .observe.status import TopicReader
@@ -43,7 +43,7 @@ def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
     since = parse_time(args.since, utcnow()) if args.since else None
 
     async def read() -> Any:
-        async with TopicReader(bootstrap) as reader:
+        async with TopicReader(bootstrap, security=settings.kafka.security) as reader:
             return await read_policy(reader, topics, inputs=args.replay)
 
     view, windows, alerts = asyncio.run(read())
@@ -60,7 +60,7 @@ def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_routing_show(args: argparse.Namespace, settings: Settings) -> int:
-    from .cli import resolve_bootstrap
+    from .cli_support import resolve_bootstrap
     from .observe.policy import read_policy
     from .observe.status import TopicReader
     from .topics import Topics
@@ -69,7 +69,7 @@ def cmd_routing_show(args: argparse.Namespace, settings: Settings) -> int:
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
 
     async def read() -> Any:
-        async with TopicReader(bootstrap) as reader:
+        async with TopicReader(bootstrap, security=settings.kafka.security) as reader:
             return await read_policy(reader, topics)
 
     view, _, _ = asyncio.run(read())
@@ -95,7 +95,7 @@ def cmd_routing_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _publish_override(settings: Settings, agent: str, share: float | None, args: Any) -> None:
-    from .cli import _registry, resolve_bootstrap
+    from .cli_support import _registry, resolve_bootstrap
     from .codec import SchemaRegistry
     from .io.kafka import producer
     from .models import RoutingOverride, utcnow

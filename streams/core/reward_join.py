@@ -165,6 +165,17 @@ class RewardJoin:
             out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
         return out
 
+    def on_verdict(self, verdict: JudgeVerdict, partition: int, now: datetime) -> Out:
+        """A verdict handed over in memory (replay's verdicts, asked after the range), as if
+        read from ``<p>.verdicts``: the object itself, not encoded and decoded again."""
+        src = Source(self.verdicts_topic, partition, -1, verdict.call_id.encode(), b"")
+        out = Out()
+        try:
+            self._verdict(src, verdict, now, out)
+        except RecordError as exc:
+            out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
+        return out
+
     def _join(
         self, src: Source, record: Trajectory | UserFeedback, now: datetime, out: Out
     ) -> None:

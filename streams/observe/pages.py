@@ -372,7 +372,8 @@ class StatusPages:
 
     async def _open(self) -> TopicReader:
         if self._reader is None:
-            self._reader = await TopicReader(self.bootstrap).__aenter__()
+            reader = TopicReader(self.bootstrap, security=self.settings.kafka.security)
+            self._reader = await reader.__aenter__()
         await self._reader.refresh()
         return self._reader
 

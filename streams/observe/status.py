@@ -31,16 +31,15 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import TopicPartition
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-from aiokafka.errors import KafkaError
+from aiokafka.errors import GroupCoordinatorNotAvailableError, KafkaError
 
 from ..codec import SchemaRegistry
 from ..errors import BrokerError, ConfigError, RecordError
 from ..io import kafka
 from ..models import CommitRecord, Comparison, DeadLetter, DriftAlert, RoutingShare, utcnow
-from ..settings import Settings
+from ..settings import KafkaSecuritySettings, Settings
 from ..topics import Topics
 
 __all__ = [
@@ -82,27 +81,24 @@ class TopicReader:
     page is made here (one place to give them the cluster's security settings).
     """
 
-    def __init__(self, bootstrap: str, codec: SchemaRegistry | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        codec: SchemaRegistry | None = None,
+        security: KafkaSecuritySettings | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
         self.codec = codec or SchemaRegistry.default()
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=None,
-            client_id="trajstream-status",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
+        # the cluster's security settings (kafka.security) on every client, as everywhere
+        self.consumer = kafka.consumer(
+            bootstrap, security, group_id=None, client_id="trajstream-status"
         )
         # offset requests on a consumer of their own: on the reading one they would queue
         # behind its long-polling fetches (fetch_max_wait_ms each)
-        self.offsets = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=None,
-            client_id="trajstream-status",
-            enable_auto_commit=False,
+        self.offsets = kafka.consumer(
+            bootstrap, security, group_id=None, client_id="trajstream-status"
         )
-        self.admin = AIOKafkaAdminClient(
-            bootstrap_servers=bootstrap, client_id="trajstream-status", request_timeout_ms=15000
-        )
+        self.admin = kafka.admin(bootstrap, security)
         self._partitions: dict[str, list[int]] = {}
 
     async def __aenter__(self) -> TopicReader:
@@ -204,8 +200,13 @@ class TopicReader:
         return out
 
     async def group(self, group_id: str) -> tuple[str, list[Member]]:
-        """The group's state and members, with each member's assigned partitions."""
-        responses = await self.admin.describe_consumer_groups([group_id])
+        """The group's state and members, with each member's assigned partitions. A group
+        whose coordinator is not there (a cluster where no group ever committed: no offsets
+        topic yet) is a dead group without members."""
+        try:
+            responses = await self.admin.describe_consumer_groups([group_id])
+        except GroupCoordinatorNotAvailableError:
+            return "Dead", []
         state, members = "Dead", []
         for response in responses:
             for group in response.to_object()["groups"]:
@@ -233,7 +234,10 @@ class TopicReader:
         return state, sorted(members, key=lambda m: (m.host, m.member_id))
 
     async def committed(self, group_id: str) -> dict[TopicPartition, int]:
-        offsets = await self.admin.list_consumer_group_offsets(group_id)
+        try:
+            offsets = await self.admin.list_consumer_group_offsets(group_id)
+        except GroupCoordinatorNotAvailableError:  # no group ever committed here
+            return {}
         return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
 
 
@@ -332,7 +336,7 @@ async def collect(
 ) -> Status:
     """Read one snapshot of the deployment named by ``settings`` (prefix, app_id)."""
     if reader is None:
-        async with TopicReader(bootstrap) as own:
+        async with TopicReader(bootstrap, security=settings.kafka.security) as own:
             return await collect(
                 settings, bootstrap, sample_gap_s=sample_gap_s, now=now, reader=own
             )

@@ -45,7 +45,7 @@ import os
 import socket
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -95,6 +95,7 @@ from ..wire import TopicFraming
 from . import handover, spans_agent
 from .config import judge_of, ledger_config_of, limits_of
 from .producing import install_idempotence, raw_schema
+from .stores import TableStore
 
 __all__ = ["Pipeline", "TableStore", "source_of"]
 
@@ -108,27 +109,6 @@ BATCH_WITHIN = 0.05  # seconds a batch waits to fill
 UNREAD_LEDGER_S = 5.0  # how long a graceful stop reads the ledger records its consumer left
 PRODUCER_LINGER = 0.005  # seconds the producer waits to fill a batch
 PRODUCER_BATCH = 1 << 20  # bytes in one producer batch (per partition)
-
-
-class TableStore:
-    """A Faust table as a :class:`streams.core.store.Store`."""
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-
-    def get(self, key: bytes) -> bytes | None:
-        value = self.table.get(key)
-        return None if value is None else bytes(value)
-
-    def set(self, key: bytes, value: bytes) -> None:
-        self.table[key] = value
-
-    def delete(self, key: bytes) -> None:
-        if key in self.table:
-            del self.table[key]
-
-    def items(self) -> Iterator[tuple[bytes, bytes]]:
-        return iter(list(self.table.items()))
 
 
 def source_of(event: Any) -> Source:

@@ -206,11 +206,9 @@ class ReplayRunner:
                 continue
             outcome = self._by_call.get(verdict.call_id)
             partition = outcome.partition if outcome is not None else -1
-            key = verdict.call_id.encode()
-            src = Source(self.topics.verdicts, partition, -1, key, self.codec.encode(verdict))
             now = self.clock.at.get(partition, VERDICTS_LOADED_AT)
-            for index, join in enumerate(self.joins):
-                self._joined(index, join.on_record(src, now), count=index == 0)
+            for index, join in enumerate(self.joins):  # in memory: not encoded again
+                self._joined(index, join.on_verdict(verdict, partition, now), count=index == 0)
 
     def finish(self, until: datetime | None = None) -> None:
         """End of the range: move the clocks to ``until`` (closing what the live workers would

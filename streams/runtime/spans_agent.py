@@ -18,8 +18,8 @@ May import: what :mod:`.live` imports.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
 
 import faust
 
@@ -27,7 +27,22 @@ from ..core.spans import SpanLimits, SpanResolver
 from ..settings import Settings
 
 if TYPE_CHECKING:
-    from .live import Pipeline
+    from ..codec import SchemaRegistry
+    from ..core.effects import Out, Source
+    from ..topics import Topics
+
+
+class Pipeline(Protocol):
+    """What the stage needs of the live worker (:class:`.live.Pipeline`, which imports this
+    module: a protocol here, so that the two do not import each other)."""
+
+    settings: Settings
+    codec: SchemaRegistry
+    topics: Topics
+
+    async def _guard(
+        self, stage: str, event: Any, step: Callable[[Source, datetime], Out]
+    ) -> None: ...
 
 __all__ = ["install", "span_limits_of"]
 
@@ -50,7 +65,7 @@ def install(
     raw_table: Callable[..., Any],
 ) -> SpanResolver:
     """Mount the ``spans`` agent and its ``traces`` table on ``app``; the resolver it runs."""
-    from .live import TableStore
+    from .stores import TableStore
 
     t, n = pipeline.topics, pipeline.settings.kafka.partitions
     traces = raw_table("traces", n)

@@ -9,6 +9,7 @@ untrusted CA must stop each command at start with one line naming the setting (e
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import ssl
@@ -184,6 +185,11 @@ async def test_plain_over_tls_produce_topics_and_replay(
     replay = trajstream("replay", "--strategy", "sampling:1", "--lookback", "0", env=env)
     assert replay.returncode == 0, replay.stderr
     assert "selected" in replay.stdout and "2 of 2" in replay.stdout, replay.stdout
+
+    # the status reader reaches the secured cluster too (its clients take kafka.security)
+    status = trajstream("status", "--json", "--gap", "0", env=env)
+    assert status.returncode in (0, 1), status.stderr  # 1: hints of errors (no worker runs)
+    assert json.loads(status.stdout)["prefix"] == prefix, status.stdout
 
 
 async def test_topics_admin_with_scram_creates_nothing_twice(
