@@ -77,6 +77,7 @@ from ..settings import GatewayKey, GatewaySettings, Settings
 from ..topics import Topics
 from .auth import KeyRing, check_listen
 from .chat import StreamAssembler, ask_usage, llm_step, steps_of_request, to_chat_message
+from .metrics import CONTENT_TYPE, GatewayMetrics
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
 from .routing import Route, check_routable, decide_route
@@ -202,6 +203,8 @@ class GatewayConfig:
     count_steps: bool = True
     api_keys: tuple[GatewayKey, ...] = ()
     allow_anonymous: bool = False
+    durability: str = "buffered"
+    ack_timeout_s: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
@@ -228,6 +231,8 @@ class GatewayConfig:
             count_steps=g.count_steps,
             api_keys=tuple(g.api_keys),
             allow_anonymous=g.allow_anonymous,
+            durability=g.durability,
+            ack_timeout_s=g.ack_timeout_s,
         )
 
     def __repr__(self) -> str:  # never show the key
@@ -252,6 +257,14 @@ def upstream_failed(which: str, exc: BaseException, what: str) -> UpstreamFailed
     return UpstreamFailed(502, f"the {which} model {what}: {type(exc).__name__}", "upstream_error")
 
 
+@dataclass(slots=True)
+class Timing:
+    """A request's time waiting on its upstream (the rest is the gateway's overhead)."""
+
+    upstream_s: float = 0.0
+    stream: bool = False
+
+
 @dataclass
 class GatewayStats:
     requests: int = 0
@@ -261,6 +274,7 @@ class GatewayStats:
     shadow_failures: int = 0
     unauthorized: int = 0
     rate_limited: int = 0
+    ack_timeouts: int = 0
 
 
 class Gateway:
@@ -272,6 +286,13 @@ class Gateway:
             from ..errors import ConfigError
 
             raise ConfigError(f"gateway.mode must be route or shadow, got {config.mode!r}")
+        if config.durability not in ("buffered", "acked"):
+            from ..errors import ConfigError
+
+            raise ConfigError(
+                f"gateway.durability must be buffered or acked, got {config.durability!r}"
+            )
+        self.acked = config.durability == "acked"
         self.config = config
         self.strategy = strategy
         self.publisher = publisher
@@ -282,6 +303,9 @@ class Gateway:
         self._background: set[asyncio.Task[None]] = set()
         self._routes: dict[tuple[bool, str, str], Route] = {}
         self.keys = KeyRing(config.api_keys)
+        self.metrics = GatewayMetrics(self)
+        self.preflight: Callable[[], Awaitable[None]] | None = None
+        """Run before listening: checks the cluster (see :func:`build_gateway`)."""
         self.otlp_options: dict[str, Any] = {}
         """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
         self.url = ""
@@ -300,6 +324,7 @@ class Gateway:
         r.add_post("/calls/{call_id}/end", self._end)
         r.add_post("/calls/{call_id}/feedback", self._feedback)
         r.add_get("/healthz", self._health)
+        r.add_get("/metrics", self._metrics)
         # OpenTelemetry GenAI spans, the second way in: same records, same durable buffer
         add_otlp_routes(app, self._publish_spans, **self.otlp_options)
         return app
@@ -310,6 +335,8 @@ class Gateway:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         check_listen(host, bool(self.config.api_keys), self.config.allow_anonymous)
+        if self.preflight is not None:  # before anything is opened: it may stop the start
+            await self.preflight()
         # no total limit (a long stream is fine); an upstream silent for timeout_s is a 504
         timeout = aiohttp.ClientTimeout(
             total=None,
@@ -468,6 +495,16 @@ class Gateway:
     # -- routes ---------------------------------------------------------------------------------
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        began = time.perf_counter()
+        timing = Timing()  # the forwarders note the time spent waiting on the upstream
+        response = await self._chat_inner(request, timing)
+        if response.status == 200:
+            self.metrics.overhead.labels("stream" if timing.stream else "chat").observe(
+                max(0.0, time.perf_counter() - began - timing.upstream_s)
+            )
+        return response
+
+    async def _chat_inner(self, request: web.Request, timing: Timing) -> web.StreamResponse:
         self.stats.requests += 1
         path_call = self._call_id(request)
         raw = await request.read()
@@ -504,9 +541,9 @@ class Gateway:
             state.shadows[len(messages)] = asyncio.ensure_future(self._shadow(call_id, body))
         if body.get("stream"):
             return await self._forward_stream(
-                raw, request, call_id, body, state, headers, path_call
+                raw, request, call_id, body, state, headers, path_call, timing
             )
-        return await self._forward_json(raw, call_id, body, state, headers, path_call)
+        return await self._forward_json(raw, call_id, body, state, headers, path_call, timing)
 
     def _route(self, start: AgentCall) -> Route:
         """The call's decision; one shared object per distinct decision (memory per call)."""
@@ -567,20 +604,50 @@ class Gateway:
         upstream: str,
         latency_ms: float,
         one_step: bool,
-    ) -> None:
-        """Record the answer the client saw; in shadow mode once Trinity's answer joins it."""
+    ) -> Awaitable[Any]:
+        """Record the answer the client saw (in shadow mode once Trinity's answer joins it);
+        returns what is done once it is on the broker."""
         now = utcnow()
         step = llm_step(call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now)
         if step.seq in state.seqs and not one_step:
-            return  # a retried request: the first answer is the step
+            # a retried request: the first answer is the step (on the broker with what is queued)
+            return self._on_broker(self.publisher.position)
         state.seqs.add(step.seq)
         shadow = state.shadows.pop(step.seq, None)
         if shadow is None:
-            self._publish_step(step, one_step)
-            return
+            return self._on_broker(self._publish_step(step, one_step))
         task = self._spawn(self._join_shadow(step, body, shadow, one_step))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
+        return self._after(task)
+
+    async def _after(self, task: asyncio.Task[int]) -> None:
+        await self._on_broker(await asyncio.shield(task))
+
+    def _on_broker(self, position: int) -> Awaitable[None]:
+        return self.publisher.acked(position)
+
+    async def _durable(self, ack: Awaitable[Any] | None) -> bool:
+        """acked mode: wait (up to ack_timeout_s) for the broker; False when it did not ack."""
+        if not self.acked or ack is None:
+            return True
+        try:
+            await asyncio.wait_for(ack, self.config.ack_timeout_s)
+        except TimeoutError:
+            self.stats.ack_timeouts += 1
+            return False
+        return True
+
+    def _not_durable(self, headers: dict[str, str] | None = None) -> web.Response:
+        response = openai_error(
+            503,
+            f"the answer could not be recorded within {self.config.ack_timeout_s:g}s "
+            "(gateway.durability = acked; the broker did not acknowledge); retry the request",
+            type_="server_error",
+            code="recording_unavailable",
+        )
+        response.headers.update(headers or {})
+        return response
 
     async def _join_shadow(
         self,
@@ -588,7 +655,7 @@ class Gateway:
         body: dict[str, Any],
         shadow: asyncio.Future[tuple[dict[str, Any], float] | None],
         one_step: bool,
-    ) -> None:
+    ) -> int:
         """The step as the client saw it, with Trinity's answer to the same request beside it."""
         got = await shadow
         if got is not None:
@@ -605,10 +672,10 @@ class Gateway:
                         "shadow_latency_ms": latency,
                     }
                 )
-        self._publish_step(step, one_step)
+        return self._publish_step(step, one_step)
 
-    def _publish_step(self, step: Completion, one_step: bool) -> None:
-        self.publisher.publish(step)
+    def _publish_step(self, step: Completion, one_step: bool) -> int:
+        position = self.publisher.publish(step)
         if one_step:
             output = step.output_messages[0].content if step.output_messages else None
             self.publisher.publish(
@@ -622,6 +689,8 @@ class Gateway:
                     step_count=1,
                 )
             )
+            position = self.publisher.position
+        return position
 
     async def _forward_json(
         self,
@@ -631,6 +700,7 @@ class Gateway:
         state: CallState,
         headers: dict[str, str],
         path_call: str | None,
+        timing: Timing,
     ) -> web.StreamResponse:
         route = state.route
         began = time.perf_counter()
@@ -638,6 +708,7 @@ class Gateway:
             upstream = await self._send(route.upstream, body, raw)
             async with upstream:
                 data = await upstream.read()
+            timing.upstream_s = time.perf_counter() - began
         except UpstreamFailed as exc:
             return self._upstream_error(exc, headers)
         except (TimeoutError, aiohttp.ClientError) as exc:
@@ -648,10 +719,11 @@ class Gateway:
         response.headers["Content-Type"] = content_type
         if upstream.status == 200:
             self.stats.answered[route.upstream] += 1
+            ack = None
             with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
                 answer = json.loads(data)
                 if isinstance(answer, dict):
-                    self._record(
+                    ack = self._record(
                         call_id,
                         body,
                         answer,
@@ -660,6 +732,8 @@ class Gateway:
                         latency_ms=latency,
                         one_step=path_call is None,
                     )
+            if not await self._durable(ack):
+                return self._not_durable(headers)
         else:
             self.stats.upstream_errors += 1
         return response
@@ -673,6 +747,7 @@ class Gateway:
         state: CallState,
         headers: dict[str, str],
         path_call: str | None,
+        timing: Timing,
     ) -> web.StreamResponse:
         route = state.route
         began = time.perf_counter()
@@ -694,18 +769,28 @@ class Gateway:
                     "Content-Type", "application/json"
                 )
                 return response
+            waited = time.perf_counter() - began  # the upstream's time: to its headers, ...
             response = web.StreamResponse(status=200, headers=headers)
             response.headers["Content-Type"] = upstream.headers.get(
                 "Content-Type", "text/event-stream"
             )
             response.headers["Cache-Control"] = "no-cache"
             await response.prepare(request)
-            assembler = StreamAssembler(strip_usage=not asked)
+            assembler = StreamAssembler(strip_usage=not asked, hold_done=self.acked)
             try:
-                async for chunk in upstream.content.iter_any():
+                chunks = upstream.content.iter_any().__aiter__()
+                while True:
+                    t = time.perf_counter()
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        waited += time.perf_counter() - t
+                        break
+                    waited += time.perf_counter() - t  # ... and each wait for its next bytes
                     forwarded = assembler.feed(chunk)
                     if forwarded:
                         await response.write(forwarded)
+                timing.upstream_s, timing.stream = waited, True
                 rest = assembler.rest()
                 if rest:
                     await response.write(rest)
@@ -713,20 +798,37 @@ class Gateway:
                 # the agent saw a broken stream; nothing is recorded
                 log.warning("stream of call %s broke off: %s", call_id, type(exc).__name__)
                 return response
-            await response.write_eof()
-        latency = (time.perf_counter() - began) * 1000
-        self.stats.answered[route.upstream] += 1
-        if assembler.done:
-            with contextlib.suppress(pydantic.ValidationError):
-                self._record(
-                    call_id,
-                    body,
-                    assembler.completion(),
-                    state,
-                    upstream=route.upstream,
-                    latency_ms=latency,
-                    one_step=path_call is None,
-                )
+            latency = (time.perf_counter() - began) * 1000
+            self.stats.answered[route.upstream] += 1
+            ack = None
+            if assembler.done:
+                with contextlib.suppress(pydantic.ValidationError):
+                    ack = self._record(
+                        call_id,
+                        body,
+                        assembler.completion(),
+                        state,
+                        upstream=route.upstream,
+                        latency_ms=latency,
+                        one_step=path_call is None,
+                    )
+            if self.acked:  # the end of the stream only once its records are on the broker
+                with contextlib.suppress(ConnectionResetError):
+                    if await self._durable(ack):
+                        await response.write(assembler.done_event)
+                    else:
+                        error = {
+                            "error": {
+                                "message": "the answer could not be recorded (gateway."
+                                "durability = acked; the broker did not acknowledge)",
+                                "type": "server_error",
+                                "param": None,
+                                "code": "recording_unavailable",
+                            }
+                        }
+                        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
         return response
 
     async def _shadow(
@@ -804,7 +906,7 @@ class Gateway:
         if state is not None and state.pending:  # shadow steps still on their way
             await asyncio.wait(state.pending, timeout=self.config.timeout_s)
         step_count = len(state.seqs) if state is not None and self.config.count_steps else None
-        self.publisher.publish(
+        position = self.publisher.publish(
             start.model_copy(
                 update={
                     "event_id": f"{call_id}/end",
@@ -818,6 +920,11 @@ class Gateway:
             )
         )
         self.calls.pop(call_id)
+        if state is not None:
+            for shadow in state.shadows.values():  # answers no recorded step waits for
+                shadow.cancel()
+        if not await self._durable(self._on_broker(position)):
+            return self._not_durable()
         return web.json_response(
             {"status": "accepted", "call_id": call_id, "step_count": step_count}, status=202
         )
@@ -860,15 +967,22 @@ class Gateway:
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"]))
             raise BadRequest(f"{where}: {first['msg']}", where) from None
-        self.publisher.publish(record)
+        position = self.publisher.publish(record)
+        if not await self._durable(self._on_broker(position)):
+            return self._not_durable()
         return web.json_response(
             {"status": "accepted", "call_id": call_id, "event_id": record.event_id}, status=202
         )
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
     async def _health(self, request: web.Request) -> web.Response:
+        kafka_down = self.publisher.unreachable_since is not None
         return web.json_response(
             {
-                "status": "ok",
+                # still serving (and spilling) while Kafka is unreachable: degraded, not down
+                "status": "degraded" if kafka_down else "ok",
                 "mode": self.config.mode,
                 "strategy": self.strategy.name,
                 "open_calls": len(self.calls),
@@ -879,6 +993,8 @@ class Gateway:
                 "upstream_errors": self.stats.upstream_errors,
                 "answered": self.stats.answered,
                 "shadow_failures": self.stats.shadow_failures,
+                "durability": self.config.durability,
+                "ack_timeouts": self.stats.ack_timeouts,
                 "publisher": self.publisher.health(),
             }
         )
@@ -893,6 +1009,7 @@ def build_gateway(
     """A gateway from the settings; bad settings fail here, naming the setting."""
     from datetime import timedelta
 
+    producer_factory_given = producer_factory
     config = GatewayConfig.from_settings(settings)
     spec = settings.selection.strategy
     strategy = build_strategy(
@@ -938,6 +1055,35 @@ def build_gateway(
         prepare=prepare,
     )
     gateway = Gateway(config, strategy, publisher)
+
+    async def preflight() -> None:
+        """A cluster that cannot be reached (refused, timed out) is no reason not to serve: the
+        records spill until it is back. What retrying cannot fix stops the start: credentials,
+        TLS (ConfigError from the check, naming the setting), topics that cannot be made."""
+        from ..errors import BrokerError, ConfigError
+        from ..io.security import check_kafka
+
+        if not bootstrap:
+            return
+        try:
+            await check_kafka(bootstrap, settings.kafka.security, timeout_s=5.0)
+        except BrokerError as exc:
+            log.warning("starting without Kafka: %s; serving on and spilling to %s", exc,
+                        settings.gateway.spill_dir)  # fmt: skip
+            return
+        try:
+            await publisher.prepare_now()
+        except (BrokerError, ConfigError):
+            raise
+        except Exception as exc:
+            raise ConfigError(
+                f"the topics of kafka.topic_prefix [TRAJSTREAM_KAFKA__TOPIC_PREFIX] "
+                f"{settings.kafka.topic_prefix!r} cannot be used: {type(exc).__name__}: {exc} "
+                "(may this principal create and write them? kafka.security.username)"
+            ) from exc
+
+    if producer_factory_given is None:
+        gateway.preflight = preflight
     otlp = settings.otlp
     gateway.otlp_options = {
         "max_body": otlp.max_body_bytes,
