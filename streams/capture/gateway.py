@@ -51,10 +51,10 @@ import signal
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pydantic
@@ -93,6 +93,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HEADER_AGENT_NAME = "X-Trajstream-Agent-Name"
 HEADER_AGENT_ID = "X-Trajstream-Agent-Id"
@@ -150,7 +151,7 @@ def parse_messages(body: Any) -> list[dict[str, Any]]:
 class CallState:
     route: Route  # shared between calls decided alike (see Gateway._route)
     seqs: set[int] = field(default_factory=set)
-    pending: set[asyncio.Task[None]] = field(default_factory=set)
+    pending: set[asyncio.Task[Any]] = field(default_factory=set)
     shadows: dict[int, asyncio.Future[tuple[dict[str, Any], float] | None]] = field(
         default_factory=dict
     )
@@ -300,7 +301,7 @@ class Gateway:
         self.stats = GatewayStats()
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         self._routes: dict[tuple[bool, str, str], Route] = {}
         self.keys = KeyRing(config.api_keys)
         self.metrics = GatewayMetrics(self)
@@ -557,8 +558,8 @@ class Gateway:
             shared = self._routes[key] = route
         return shared
 
-    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task: asyncio.Task[T] = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
@@ -608,15 +609,23 @@ class Gateway:
         """Record the answer the client saw (in shadow mode once Trinity's answer joins it);
         returns what is done once it is on the broker."""
         now = utcnow()
-        step = llm_step(call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now)
-        if step.seq in state.seqs and not one_step:
+        seq = len(body["messages"])  # llm_step's seq, known before the step is built
+        if seq in state.seqs and not one_step:
             # a retried request: the first answer is the step (on the broker with what is queued)
             return self._on_broker(self.publisher.position)
-        state.seqs.add(step.seq)
-        shadow = state.shadows.pop(step.seq, None)
-        if shadow is None:
-            return self._on_broker(self._publish_step(step, one_step))
-        task = self._spawn(self._join_shadow(step, body, shadow, one_step))
+        state.seqs.add(seq)
+        shadow = state.shadows.pop(seq, None)
+        build = _Once(
+            lambda: llm_step(
+                call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now
+            )
+        )
+        if shadow is None:  # built and encoded by the publisher, after the answer was sent
+            position = self.publisher.publish_lazy(call_id, build)
+            if one_step:
+                position = self.publisher.publish_lazy(call_id, lambda: _one_step_end(build()))
+            return self._on_broker(position)
+        task = self._spawn(self._join_shadow(build(), body, shadow, one_step))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
         return self._after(task)
@@ -677,19 +686,7 @@ class Gateway:
     def _publish_step(self, step: Completion, one_step: bool) -> int:
         position = self.publisher.publish(step)
         if one_step:
-            output = step.output_messages[0].content if step.output_messages else None
-            self.publisher.publish(
-                AgentCall(
-                    event_id=f"{step.call_id}/end",
-                    call_id=step.call_id,
-                    phase=CallPhase.END,
-                    event_time=step.event_time,
-                    status=CallStatus.OK,
-                    output=output,
-                    step_count=1,
-                )
-            )
-            position = self.publisher.position
+            position = self.publisher.publish(_one_step_end(step))
         return position
 
     async def _forward_json(
@@ -998,6 +995,35 @@ class Gateway:
                 "publisher": self.publisher.health(),
             }
         )
+
+
+class _Once:
+    """A record built at most once (the step, and the END of a one-step call made from it)."""
+
+    __slots__ = ("_build", "_value")
+
+    def __init__(self, build: Callable[[], Completion]) -> None:
+        self._build: Callable[[], Completion] | None = build
+        self._value: Completion | None = None
+
+    def __call__(self) -> Completion:
+        if self._build is not None:
+            self._value, self._build = self._build(), None
+        assert self._value is not None
+        return self._value
+
+
+def _one_step_end(step: Completion) -> AgentCall:
+    """The END of a call of one step (``/v1/chat/completions``), made from its step."""
+    return AgentCall(
+        event_id=f"{step.call_id}/end",
+        call_id=step.call_id,
+        phase=CallPhase.END,
+        event_time=step.event_time,
+        status=CallStatus.OK,
+        output=step.output_messages[0].content if step.output_messages else None,
+        step_count=1,
+    )
 
 
 # -- building it from the settings -------------------------------------------------------------

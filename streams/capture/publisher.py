@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 
 Frame = tuple[str, bytes, bytes]
 """topic, key, value"""
+Record = AgentCall | Completion | UserFeedback
+Queued = tuple[str, bytes, "bytes | Record | Callable[[], Record]"]
+"""topic, key, and the value: encoded, a record, or what builds it (encoded in the background)"""
 
 _LEN = struct.Struct(">I")
 _FIRST_SEGMENT = 10_000_000  # room below for what a stop prepends
@@ -169,6 +172,7 @@ class PublisherStats:
     published: int = 0
     spilled: int = 0
     send_failures: int = 0
+    unencodable: int = 0
     connected: bool = False
 
     def to_json(self, buffered: int, spill: int) -> dict[str, Any]:
@@ -210,7 +214,7 @@ class Publisher:
         self.batch = batch
         self.retry_s = retry_s
         self.spill = SpillFiles(spill_dir)
-        self._memory: deque[Frame] = deque()
+        self._memory: deque[Queued] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -227,21 +231,44 @@ class Publisher:
 
     # -- the agent's side: never waits --------------------------------------------------------
 
-    def publish(self, record: AgentCall | Completion | UserFeedback) -> int:
+    def publish(self, record: Record) -> int:
         """Queue one record (keyed by its call_id); returns at once, with its position in the
-        queue (for :meth:`acked`)."""
+        queue (for :meth:`acked`). It is encoded later, by the background task, in batches:
+        not on the agent's time."""
         topic = (
             self.topics.user_feedback
             if isinstance(record, UserFeedback)
             else self.topics.agent_events
         )
-        frame = (topic, record.call_id.encode(), self.codec.encode(record))
+        return self._queue((topic, record.call_id.encode(), record))
+
+    def publish_lazy(self, call_id: str, build: Callable[[], AgentCall | Completion]) -> int:
+        """Queue the agent event ``build()`` makes, built in the background; see :meth:`publish`.
+        A ``build`` that raises is logged and its record dropped."""
+        return self._queue((self.topics.agent_events, call_id.encode(), build))
+
+    def _encoded(self, item: Queued) -> Frame | None:
+        topic, key, value = item
+        if isinstance(value, bytes):
+            return topic, key, value
+        try:
+            record = value() if callable(value) else value
+            return topic, key, self.codec.encode(record)
+        except Exception as exc:  # a record the answer could not make: nothing to send
+            self.stats.unencodable += 1
+            log.warning("a record of call %s could not be made: %s", key.decode(), exc)
+            return None
+
+    def _queue(self, item: Queued) -> int:
         self.stats.queued += 1
         if self.spill or len(self._memory) >= self.max_buffered:
+            frame = self._encoded(item)
+            if frame is None:
+                return self._position  # nothing queued: it takes no place
             self.spill.append(frame)
             self.stats.spilled += 1
         else:
-            self._memory.append(frame)
+            self._memory.append(item)
         self._wake.set()
         self._position += 1
         return self._position
@@ -349,7 +376,7 @@ class Publisher:
         if not flushed and self._memory:
             log.warning("broker unreachable at stop: spilling %d records", len(self._memory))
             # memory is older than the spill: write it to a segment read before the others
-            frames = list(self._memory)
+            frames = [f for f in map(self._encoded, self._memory) if f is not None]
             self._memory.clear()
             self._prepend_to_spill(frames)
         self.spill.close()
@@ -406,9 +433,15 @@ class Publisher:
                 peeked = self.spill.peek(self.batch)
                 frames = [f for f, _ in peeked]
             else:
-                frames = [self._memory[i] for i in range(min(self.batch, len(self._memory)))]
+                frames = []
+                for i in range(min(self.batch, len(self._memory))):
+                    frame = self._encoded(self._memory[i])
+                    if frame is None:  # keep its place (positions count it), send nothing
+                        frame = ("", b"", b"")
+                    self._memory[i] = frame  # encoded once, whatever happens to the send
+                    frames.append(frame)
             try:
-                futures = [await producer.send(t, value=v, key=k) for t, k, v in frames]
+                futures = [await producer.send(t, value=v, key=k) for t, k, v in frames if t]
                 await asyncio.gather(*futures)
             except asyncio.CancelledError:
                 raise
