@@ -63,6 +63,10 @@ BODY = {
 }
 
 
+FAILED: dict[str, int] = {}
+"""Open-loop requests that failed (connection refused or reset, a non-200), by URL pattern."""
+
+
 def spawn(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, **kwargs)  # started once, before anything is measured
 
@@ -132,7 +136,10 @@ async def at_rate(
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as http:
 
         async def send() -> None:
-            latencies.append(await one(http, url, data, end))
+            try:
+                latencies.append(await one(http, url, data, end))
+            except (aiohttp.ClientError, RuntimeError):  # refused or reset under overload
+                FAILED[url] = FAILED.get(url, 0) + 1
 
         t0 = time.perf_counter()
         n = int(rate * seconds)
@@ -315,6 +322,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "drift_after_first_tenth": samples[-1][1] - tenth if samples else None,
             },
             "gateway_health": health,
+            "failed_requests": dict(FAILED),
         }
         return result
     finally:

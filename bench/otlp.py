@@ -160,13 +160,14 @@ def bodies(n: int, traces: int, rng: random.Random) -> list[bytes]:
 class Server:
     """``trajstream otlp`` as a process on a free port."""
 
-    def __init__(self, bootstrap: str, tmp: Path):
+    def __init__(self, bootstrap: str, tmp: Path, resolve: str = "trace"):
         self.out = tmp / "otlp.out"
         self.log = tmp / "otlp.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
         env.update(
             TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
             TRAJSTREAM_KAFKA__TOPIC_PREFIX=f"bench{uuid.uuid4().hex[:8]}",
+            TRAJSTREAM_OTLP__RESOLVE=resolve,
             PYTHONUNBUFFERED="1",
         )
         with self.out.open("wb") as stdout, self.log.open("wb") as stderr:
@@ -276,6 +277,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
         "spans_per_request": spans_per,
+        "resolve": args.resolve,
         "request_bytes": round(statistics.mean(len(p) for p in payloads)),
     }
     tmp = Path(tempfile.mkdtemp(prefix="trajstream-bench-otlp-"))
@@ -286,7 +288,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             Path(os.environ.get("TRAJSTREAM_CACHE_DIR", ROOT / ".cache" / "trajstream"))
         )
         bootstrap = broker.start(120)
-    server = Server(bootstrap, tmp)
+    server = Server(bootstrap, tmp, args.resolve)
     try:
         results["throughput"] = await throughput(
             server.url, payloads, spans_per, seconds, args.concurrency
@@ -326,6 +328,13 @@ if __name__ == "__main__":
     parser.add_argument("--traces", type=int, default=32, help="agent calls per export request")
     parser.add_argument("--concurrency", type=int, default=4, help="exporters at once")
     parser.add_argument("--bootstrap", help="Kafka to use instead of a local broker")
+    parser.add_argument(
+        "--resolve",
+        choices=("trace", "export"),
+        default="trace",
+        help="otlp.resolve of the ingest: trace fragments to <p>.spans (the default), or "
+        "agent events mapped per export",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     out = asyncio.run(main(args))

@@ -9,8 +9,12 @@ It starts its own local Kafka broker (or uses KAFKA_BOOTSTRAP_SERVERS / --bootst
 Trinity stand-in process, and reports, as a table and as JSON (bench/results/latest.json), each
 figure as a ratio within the run with its target and whether it is met. ``--only`` names:
 
-ceiling    bare aiokafka consume -> produce of the same records, events/s (context)
-faust      a Faust agent that consumes the same records and does nothing, events/s
+ceiling    bare aiokafka consume -> produce of the same records, events/s; target: the
+           pipeline >= 0.25 of it
+faust      a Faust agent that consumes the same records and does nothing, events/s. Both
+           floors drain a backlog so fast that one run is mostly start-up: a probe run sizes
+           the backlog to last --floor-seconds (20), then the median of --repeats (3) runs is
+           reported with its spread
 pipeline   one worker process: select, assemble, reward, feedback over loopback HTTP,
            windows, commits; events/s (every call selected: the full path for every event);
            target: >= 0.7 of the bare Faust agent
@@ -20,7 +24,8 @@ memory     worker RSS per open call beyond its payload, open calls of 1 and of 1
            never end (RSS before and after, minus the records' bytes); target: <= 1 KiB each
 changelog  bytes a worker writes to its changelog topics (<app_id>-*-changelog, read back
            record by record) and to all its topics, per byte of input, for calls of 5 and of
-           100 steps; target: changelog <= 2x each
+           100 steps; target: changelog <= 2x each; and records produced per call, all topics
+           (target: <= 8 per 5-step call)
 scaling    1, 2 and 4 worker processes on one backlog: worker CPU seconds (utime + stime of
            /proc/<pid>/stat, summed) per 1,000 events while draining it; target: within 10%
            of each other; and throughput of 2 workers against 1 (context: 2 shared cores)
@@ -80,6 +85,8 @@ CODEC = SchemaRegistry.default()
 PARTITIONS = 4
 EVENTS_PER_CALL = 5
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+TRACE_DIR: Path | None = None
+"""--trace-memory: workers run under tracemalloc (bench/traced_worker.py), dumps written here."""
 
 
 # -- realistic events ------------------------------------------------------------------------
@@ -304,12 +311,16 @@ def worker(
         **extra,
     )
     procs = []
+    command = [sys.executable, "-m", "streams.cli", "worker"]
+    if TRACE_DIR is not None:
+        traced = ROOT / "bench" / "traced_worker.py"
+        command = [sys.executable, str(traced), str(TRACE_DIR / prefix), "worker"]
     try:
         for i in range(n):
             log = (tmp / f"{prefix}-worker{i}.log").open("wb")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "streams.cli", "worker"],
+                    command,
                     env=env,
                     cwd=ROOT,
                     stdout=log,
@@ -322,6 +333,22 @@ def worker(
         # what was measured is in: a graceful stop (seconds per worker) would only cost time
         for p in procs:
             _kill(p, hard=True)
+
+
+async def trace(prefix: str, name: str, timeout: float = 600) -> str | None:
+    """With --trace-memory: ask the (one) traced worker of ``prefix`` for a tracemalloc dump
+    against its first one (``base``); returns the dump's path. Without it: nothing."""
+    if TRACE_DIR is None:
+        return None
+    folder = TRACE_DIR / prefix
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.want").touch()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # another process answers, by a file
+        if not (folder / f"{name}.want").exists():
+            break
+        await asyncio.sleep(0.2)
+    return str(folder / f"{name}.txt")
 
 
 def wait_fed_back(
@@ -406,6 +433,39 @@ async def ceiling(bootstrap: str, calls: int, rng: random.Random) -> dict[str, A
     return {"events": seen, "seconds": round(elapsed, 3), "events_per_s": round(seen / elapsed, 1)}
 
 
+def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run of several, with the spread of their rates beside it."""
+    rates = sorted(r["events_per_s"] for r in runs)
+    median = statistics.median(rates)
+    mid = min(runs, key=lambda r: abs(r["events_per_s"] - median))
+    return {
+        **mid,
+        "events_per_s": round(median, 1),
+        "repeats": len(runs),
+        "events_per_s_min": rates[0],
+        "events_per_s_max": rates[-1],
+        "spread_pct": round(100 * (rates[-1] - rates[0]) / median, 1) if median else None,
+        "runs": [{k: r[k] for k in ("events", "seconds", "events_per_s")} for r in runs],
+    }
+
+
+async def steady(
+    measure: Any, calls: int, rng: random.Random, min_seconds: float, repeats: int
+) -> dict[str, Any]:
+    """A floor that holds still: a bare consumer drains a backlog of ``calls`` calls in a second
+    or two, so its rate is mostly start-up noise. One probe run gives the rate; the backlog is
+    then sized so that a run lasts at least ``min_seconds`` (at most 400,000 events), and the
+    median of ``repeats`` runs is reported with its spread."""
+    probe = await measure(calls, rng)
+    if min_seconds <= 0 or repeats <= 1:
+        return spread([probe])
+    rate = probe["events_per_s"] or 1.0
+    # at most 400,000 events (about 1 GB built in memory, and as much on the broker's disk)
+    sized = max(calls, min(80_000, int(rate * min_seconds * 1.25 / EVENTS_PER_CALL) + 1))
+    runs = [await measure(sized, rng) for _ in range(repeats)]
+    return {**spread(runs), "probe": {k: probe[k] for k in ("events", "seconds", "events_per_s")}}
+
+
 async def faust_bare(bootstrap: str, calls: int, rng: random.Random) -> dict[str, Any]:
     """Faust's own consume loop with an agent that does nothing: the floor under the pipeline."""
     src = f"bench-{uuid.uuid4().hex[:6]}-bare"
@@ -447,9 +507,14 @@ async def pipeline(
             wait_fed_back, standin, calls, 1800, procs
         )
         rss = [rss_kib(p.pid) for p in procs]
+        await wait_consumed(bootstrap, prefix, topics.agent_events)
+        await asyncio.sleep(3)  # the last commit interval's ledger and ticks
     counted = (calls - first_count) * EVENTS_PER_CALL
     seconds = last - first
+    written = await records_written(bootstrap, prefix, topics.agent_events)
     return {
+        "records_written": written,
+        "records_per_call": round(sum(written.values()) / calls, 2),
         "workers": workers,
         "calls": calls,
         "events": calls * EVENTS_PER_CALL,
@@ -578,6 +643,33 @@ async def topic_bytes(bootstrap: str, topics: list[str]) -> dict[str, dict[str, 
     return out
 
 
+async def records_written(bootstrap: str, prefix: str, skip: str) -> dict[str, int]:
+    """Records in each topic of a deployment but ``skip`` (its input), from the end offsets:
+    cheap enough for a throughput run's whole backlog."""
+    topics = [t for t in await app_topics(bootstrap, prefix) if t != skip]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        out: dict[str, int] = {}
+        for d in described:
+            topic = d["topic"]
+            tps = [TopicPartition(topic, x["partition"]) for x in d["partitions"]]
+            if tps:
+                begin, end = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+                n = sum(end[tp] - begin[tp] for tp in tps)
+                if n:
+                    out[topic.removeprefix(prefix)] = n
+        return out
+    finally:
+        await consumer.stop()
+
+
 async def app_topics(bootstrap: str, prefix: str) -> list[str]:
     """The topics of one deployment: ``<prefix>.*`` (the pipeline's) and ``<prefix>-*`` (its
     app's own: ``<app_id>-<table>-changelog``, faust's assignor topic, repartitions)."""
@@ -658,6 +750,7 @@ async def memory(
         await wait_consumed(bootstrap, prefix, topics.agent_events)
         await asyncio.sleep(2)
         before = rss_kib(pid)
+        traces = {"base": await trace(prefix, "base")}
         for events, n in shapes:
             partial = [
                 r
@@ -682,7 +775,10 @@ async def memory(
                 "rss_overhead_bytes_per_open": round(per_open - payload / n),
                 "seconds_to_consume": round(seconds, 1),
             }
+            traces[f"events_{events}"] = await trace(prefix, f"events_{events}")
             before = after
+    if TRACE_DIR is not None:
+        out["tracemalloc"] = traces
     return out
 
 
@@ -724,6 +820,7 @@ async def changelog(
         "changelog_records": sum(v["records"] for v in changelogs.values()),
         "produced_bytes": all_bytes,
         "produced_records": sum(v["records"] for v in sizes.values()),
+        "produced_records_per_call": round(sum(v["records"] for v in sizes.values()) / calls, 2),
         "changelog_per_input_byte": round(cl_bytes / input_bytes, 3),
         "produced_per_input_byte": round(all_bytes / input_bytes, 3),
         "seconds_to_process": round(seconds, 1),
@@ -809,7 +906,16 @@ async def soak(
             t0 = time.monotonic()
             n = 0
             next_sample = t0
+            # with --trace-memory: a base dump after warm-up, then at minutes 6 and 16 and the end
+            marks = sorted({seconds / 5, 360.0, 960.0})
+            dumps = [m for m in marks if m < seconds]
+            traces: dict[str, str | None] = {}
             while time.monotonic() - t0 < seconds:
+                if TRACE_DIR is not None and dumps and time.monotonic() - t0 >= dumps[0]:
+                    at = dumps.pop(0)
+                    traces["base" if not traces else f"at_{at:g}s"] = await trace(
+                        prefix, "base" if not traces else f"at_{at:g}s"
+                    )
                 for key, value in call_events(rng):
                     await producer.send(topics.agent_events, value, key=key)
                 n += 1
@@ -818,6 +924,8 @@ async def soak(
                     next_sample += max(1.0, seconds / 120)
                 await asyncio.sleep(max(0.0, t0 + n / calls_per_s - time.monotonic()))
             samples.append((round(time.monotonic() - t0, 1), rss_kib(pid)))
+            if traces:
+                traces["end"] = await trace(prefix, "end")
         finally:
             await producer.stop()
         fed_back = standin.counts()["feedback_ok"]
@@ -838,6 +946,7 @@ async def soak(
         "slope_kib_per_hour": round(slope, 1),
         "slope_pct_per_hour": round(100 * slope / first, 2),
         "samples": samples,
+        **({"tracemalloc": traces} if traces else {}),
     }
 
 
@@ -895,18 +1004,23 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     def show(name: str, key: str | None = None) -> None:
         value = results[key or name]
-        if isinstance(value, dict) and "samples" in value:
-            value = {k: v for k, v in value.items() if k != "samples"}
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k not in ("samples", "runs")}
         console.print(f"{name} ({durations[name]:g}s)", value)
 
     try:
+        floor = {"min_seconds": args.floor_seconds, "repeats": args.repeats}
         if "ceiling" in only:
             with timed("ceiling", "bare aiokafka consume -> produce"):
-                results["ceiling"] = await ceiling(bootstrap, args.calls, rng)
+                results["ceiling"] = await steady(
+                    lambda n, g: ceiling(bootstrap, n, g), args.calls, rng, **floor
+                )
             show("ceiling")
         if "faust" in only:
             with timed("faust", "a bare Faust agent consuming the same records"):
-                results["faust_bare"] = await faust_bare(bootstrap, args.calls, rng)
+                results["faust_bare"] = await steady(
+                    lambda n, g: faust_bare(bootstrap, n, g), args.calls, rng, **floor
+                )
             show("faust", "faust_bare")
         if "pipeline" in only:
             with timed("pipeline", "one worker"):
@@ -979,6 +1093,26 @@ def verdicts(r: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     c, p = r.get("ceiling", {}).get("events_per_s"), r.get("pipeline", {}).get("events_per_s")
     f = r.get("faust_bare", {}).get("events_per_s")
+
+    def band(x: dict[str, Any]) -> str:
+        if x.get("repeats", 1) <= 1:
+            return "one run"
+        return (
+            f"median of {x['repeats']}, {x['events_per_s_min']:,.0f}-{x['events_per_s_max']:,.0f}"
+            f" (spread {x['spread_pct']} %), {x['seconds']:g} s a run"
+        )
+
+    for key, name in (("faust_bare", "bare Faust agent"), ("ceiling", "bare aiokafka ceiling")):
+        if key in r:
+            rows.append(
+                (
+                    f"{name}, events/s",
+                    band(r[key]),
+                    f"{r[key]['events_per_s']:,.0f} ev/s",
+                    "",
+                    _met(None),
+                )
+            )
     if f and p:
         rows.append(
             (
@@ -995,8 +1129,20 @@ def verdicts(r: dict[str, Any]) -> list[Row]:
                 "pipeline / aiokafka ceiling",
                 f"{p:,.0f} / {c:,.0f} ev/s",
                 f"{p / c:.3f}",
-                "",
-                _met(None),
+                ">= 0.25",
+                _met(p / c >= 0.25),
+            )
+        )
+    if "records_per_call" in r.get("pipeline", {}):
+        pl = r["pipeline"]
+        top = sorted(pl["records_written"].items(), key=lambda kv: -kv[1])[:4]
+        rows.append(
+            (
+                f"records produced per {EVENTS_PER_CALL}-event call, all topics",
+                ", ".join(f"{t} {n / pl['calls']:.1f}" for t, n in top),
+                f"{pl['records_per_call']:.1f}",
+                "<= 8",
+                _met(pl["records_per_call"] <= 8),
             )
         )
     if c and f:
@@ -1020,7 +1166,9 @@ def verdicts(r: dict[str, Any]) -> list[Row]:
                 _met(lt["p99_ms"] <= 100),
             )
         )
-    for m in r.get("memory", {}).values():
+    for name, m in r.get("memory", {}).items():
+        if not name.startswith("events_"):
+            continue
         over = m["rss_overhead_bytes_per_open"]
         rows.append(
             (
@@ -1049,6 +1197,17 @@ def verdicts(r: dict[str, Any]) -> list[Row]:
                 f"{ch['produced_per_input_byte']:.2f}x",
                 "",
                 _met(None),
+            )
+        )
+        per_call = ch["produced_records"] / ch["calls"]
+        rows.append(
+            (
+                f"records produced per {ch['steps']}-step call, all topics",
+                f"{ch['produced_records']:,} records / {ch['calls']} calls"
+                f" ({ch['changelog_records']:,} changelog)",
+                f"{per_call:.1f}",
+                "<= 8" if ch["steps"] == 5 else "",
+                _met(per_call <= 8) if ch["steps"] == 5 else _met(None),
             )
         )
     if "soak" in r:
@@ -1138,15 +1297,40 @@ if __name__ == "__main__":
         default=[1, 2, 4],
         help="scaling: the worker counts to compare (default 1,2,4)",
     )
+    parser.add_argument(
+        "--floor-seconds",
+        type=float,
+        default=None,
+        help="ceiling/faust: size the backlog so a run lasts at least this long (default 20; "
+        "--quick: 0, one run)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="ceiling/faust: runs of the sized backlog, the median reported (default 3)",
+    )
     parser.add_argument("--latency-seconds", type=float, default=None)
     parser.add_argument("--soak-seconds", type=float, default=1800)
     parser.add_argument("--bootstrap", help="use this Kafka instead of starting one")
+    parser.add_argument(
+        "--trace-memory",
+        type=Path,
+        metavar="DIR",
+        help="run workers under tracemalloc (slower: not for timing) and write its top "
+        "allocators to DIR: memory after warm-up and each shape, soak after warm-up, at "
+        "minutes 6 and 16 and at the end",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     a = parser.parse_args()
     a.calls = a.calls or (200 if a.quick else 4000)
     a.open_calls = a.open_calls or (400 if a.quick else 10_000)
     a.changelog_calls = a.changelog_calls or (40 if a.quick else 500)
     a.latency_seconds = a.latency_seconds or (5 if a.quick else 30)
+    a.floor_seconds = a.floor_seconds if a.floor_seconds is not None else (0 if a.quick else 20)
+    a.repeats = a.repeats if a.repeats is not None else (1 if a.quick else 3)
+    if a.trace_memory:
+        TRACE_DIR = a.trace_memory.resolve()
     res = asyncio.run(main(a))
     table = Table(title=f"trajstream benchmark, {res['date']}, {machine_line(res['machine'])}")
     for col in ("measure", "figures", "result", "target", "met"):

@@ -244,14 +244,12 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 
 def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
-    from .capture.produce import read_events
+    from .capture.produce import input_files, read_events
     from .capture.sdk import TrajstreamProducer
 
     events: list[Any] = []
     bad = 0
-    for path in args.files:
-        if not path.is_file():
-            raise ConfigError(f"input file {path} does not exist")
+    for path in input_files(args.files):
         parsed = read_events(path)
         for err in parsed.errors:
             print(f"{path}:{err}", file=sys.stderr)
@@ -361,19 +359,17 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
         try:
             if topic not in await consumer.topics():
                 raise ConfigError(f"topic {topic} does not exist (kafka.topic_prefix?)")
-            consumer.subscribe([topic])
-            while batch := await consumer.getmany(timeout_ms=2000):
-                for msgs in batch.values():
-                    for m in msgs:
-                        d = codec.decode_as(m.value, SelectionDecision)
-                        counts[
-                            (
-                                d.agent_name or "-",
-                                d.selection.strategy,
-                                "selected" if d.selection.selected else "rejected",
-                                d.selection.reason,
-                            )
-                        ] += 1
+            partitions = sorted(consumer.partitions_for_topic(topic) or ())
+            for m in await kafka.read_whole(consumer, topic, partitions):
+                d = codec.decode_as(m.value, SelectionDecision)
+                counts[
+                    (
+                        d.agent_name or "-",
+                        d.selection.strategy,
+                        "selected" if d.selection.selected else "rejected",
+                        d.selection.reason,
+                    )
+                ] += 1
         finally:
             await consumer.stop()
         return counts
@@ -614,7 +610,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("produce", help="publish JSON-lines files of agent events")
-    p.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    p.add_argument(
+        "files",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="a JSON-lines file, or a directory: its *.jsonl files, in name order",
+    )
     p.add_argument(
         "--skip-invalid",
         action="store_true",
@@ -682,6 +684,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--reason", default="", help="recorded with the request")
     q.add_argument("--by", default="", help="who asks, recorded with the request")
     q.set_defaults(func=cmd_commits_resume)
+
+    from .policy_cli import add_commands as add_policy_commands
+
+    add_policy_commands(sub)  # compare, routing
 
     p = sub.add_parser("standin", help="run the Trinity stand-in server")
     p.add_argument("--host", default="127.0.0.1")

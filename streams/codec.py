@@ -223,6 +223,8 @@ class SchemaRegistry:
 
     def decode_raw(self, data: bytes) -> tuple[str, dict[str, Any]]:
         """Decode to the record's full name and a plain dict (reader schema of this code)."""
+        if data is None or (isinstance(data, bytes | bytearray | memoryview) and not data):
+            raise DecodeError("an empty record (no value: a tombstone?): nothing to decode")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")
         data = bytes(data)

@@ -8,14 +8,21 @@ Whether an operation may be retried is data on the class (``retriable``)::
     ├── ConfigError            a setting is missing or invalid (names the setting)
     ├── RecordError            a record cannot be decoded or validated (goes to dead letters)
     │   ├── DecodeError        bytes are not a known Avro single-object record
-    │   └── ValidationError    decoded, but violates the model's rules
+    │   ├── ValidationError    decoded, but violates the model's rules
+    │   └── JudgeAnswerError   the judge's answer holds no usable score
     ├── RewardError            a reward function raised or returned a non-finite value
-    ├── TrinityError           the training backend answered with an error
-    │   ├── TrinityRejected    4xx: the request itself is wrong, never retried
-    │   └── TrinityUnavailable 5xx, timeout, connection error: retried with backoff
-    ├── JudgeError             the LLM judge's endpoint answered with an error
-    │   ├── JudgeRejected      4xx: the request itself is wrong, never retried
-    │   └── JudgeUnavailable   5xx, 408, 429, timeout, connection error: retried with backoff
+    ├── ServiceError           an HTTP service answered with an error (status, body)
+    │   ├── TrinityError       the training backend
+    │   │   ├── TrinityRejected    4xx: the request itself is wrong, never retried
+    │   │   ├── TrinityUnavailable 5xx, 408, 429, timeout, connection error: retried
+    │   │   └── TrinityGaveUp      unavailable for longer than the retry policy allows
+    │   └── JudgeError         the LLM judge's endpoint
+    │       ├── JudgeRejected      4xx: never retried
+    │       ├── JudgeUnavailable   5xx, 408, 429, timeout, connection error: retried
+    │       └── JudgeGaveUp        unavailable for longer than the retry policy allows
+    ├── ReplayError            a replay cannot run or finish (an empty range, Trinity gone)
+    ├── ExportError            an export could not be written
+    ├── HandoverPatchError     the faust-streaming hand-over patch does not fit the installed one
     ├── BrokerError            the local Kafka broker could not be fetched, started or reached
     ├── ProduceError           an input file has invalid lines, or publishing failed
     └── SchemaRegistryError    the schema registry could not be reached or refused a request
@@ -30,16 +37,24 @@ __all__ = [
     "BrokerError",
     "ConfigError",
     "DecodeError",
+    "ExportError",
+    "HandoverPatchError",
+    "JudgeAnswerError",
     "JudgeError",
+    "JudgeGaveUp",
     "JudgeRejected",
     "JudgeUnavailable",
     "ProduceError",
     "RecordError",
+    "ReplayError",
     "RewardError",
     "SchemaRefused",
     "SchemaRegistryError",
+    "ServiceError",
+    "ServiceGaveUp",
     "TrajstreamError",
     "TrinityError",
+    "TrinityGaveUp",
     "TrinityRejected",
     "TrinityUnavailable",
     "ValidationError",
@@ -72,13 +87,32 @@ class RewardError(TrajstreamError):
     """A reward function raised, or returned NaN or infinity."""
 
 
-class TrinityError(TrajstreamError):
-    """The training backend answered with an error."""
+class JudgeAnswerError(RecordError):
+    """The judge answered, but its answer holds no usable score (a verdict without one)."""
+
+
+class ServiceError(TrajstreamError):
+    """An HTTP service (Trinity, the LLM judge) answered with an error, or could not be
+    reached: ``status`` and ``body`` of its answer, when there was one. ``retriable`` says
+    whether the same request may succeed later (:func:`streams.io.retrying.retrying`)."""
 
     def __init__(self, message: str, *, status: int | None = None, body: str | None = None):
         super().__init__(message)
         self.status = status
         self.body = body
+
+
+class ServiceGaveUp(ServiceError):
+    """A service stayed unavailable for longer than the retry policy allows; ``attempts``
+    made, ``body`` of the last answer."""
+
+    def __init__(self, reason: str, attempts: int, *, body: str | None = None) -> None:
+        super().__init__(reason, body=body)
+        self.attempts = attempts
+
+
+class TrinityError(ServiceError):
+    """The training backend answered with an error."""
 
 
 class TrinityRejected(TrinityError):
@@ -91,13 +125,12 @@ class TrinityUnavailable(TrinityError):
     retriable = True
 
 
-class JudgeError(TrajstreamError):
-    """The LLM judge's endpoint answered with an error."""
+class TrinityGaveUp(ServiceGaveUp, TrinityError):
+    """Trinity stayed unavailable for longer than the retry policy allows."""
 
-    def __init__(self, message: str, *, status: int | None = None, body: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.body = body
+
+class JudgeError(ServiceError):
+    """The LLM judge's endpoint answered with an error."""
 
 
 class JudgeRejected(JudgeError):
@@ -108,6 +141,22 @@ class JudgeUnavailable(JudgeError):
     """The judge failed or could not be reached (5xx, 408, 429, timeout, connection)."""
 
     retriable = True
+
+
+class JudgeGaveUp(ServiceGaveUp, JudgeError):
+    """The judge stayed unavailable for longer than the retry policy allows."""
+
+
+class ReplayError(TrajstreamError):
+    """A replay cannot run or finish (an empty range, Trinity gone for too long)."""
+
+
+class ExportError(TrajstreamError):
+    """An export could not be written (the target is not a writable directory)."""
+
+
+class HandoverPatchError(TrajstreamError):
+    """The hand-over patch of faust-streaming does not fit the installed faust-streaming."""
 
 
 class BrokerError(TrajstreamError):

@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 __all__ = [
     "MODELS",
     "AgentCall",
+    "AgentRollout",
     "AvroModel",
     "AwaitingReward",
     "CallPhase",
@@ -33,6 +34,7 @@ __all__ = [
     "CommitHold",
     "CommitRecord",
     "CommitResume",
+    "Comparison",
     "Completion",
     "DeadLetter",
     "DriftAlert",
@@ -48,6 +50,8 @@ __all__ = [
     "PendingEvent",
     "PendingEvents",
     "RewardedTrajectory",
+    "RoutingOverride",
+    "RoutingShare",
     "Selection",
     "SelectionDecision",
     "SpanLink",
@@ -271,6 +275,9 @@ class Trajectory(AvroModel):
     started_at: UtcDateTime | None = None
     ended_at: UtcDateTime
     closed_reason: str = "ended"
+    upstream: str | None = None
+    """Who answered, as the gateway routed the call (:mod:`streams.core.arms`); None: not
+    routed by a gateway."""
 
     @property
     def msg_ids(self) -> list[str]:
@@ -297,6 +304,9 @@ class RewardedTrajectory(AvroModel):
     labels: list[str] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
     step_rewards: dict[str, float] = Field(default_factory=dict)
+    upstream: str | None = None
+    """Who answered: ``trinity``, ``production`` (scored, not sent to Trinity),
+    ``trinity-shadow``; None when no gateway routed the call (:mod:`streams.core.arms`)."""
 
     @field_validator("reward")
     @classmethod
@@ -343,6 +353,7 @@ class WindowSummary(AvroModel):
     success_rate: float
     late: int = 0
     emitted_at: UtcDateTime
+    upstream: str | None = None
 
 
 class CommitRecord(AvroModel):
@@ -504,6 +515,7 @@ class WindowAccumulator(AvroModel):
     min: float = math.inf
     max: float = -math.inf
     successes: int = 0
+    upstream: str | None = None
 
 
 class PendingCommit(AvroModel):
@@ -521,6 +533,32 @@ class PendingCommit(AvroModel):
     requests: int = 0
 
 
+class Comparison(AvroModel):
+    """The policy against production for one agent over a window or a trailing span (see the
+    schema's doc and :mod:`streams.core.compare`)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.Comparison"
+    agent_name: str
+    span: Literal["window", "trailing"]
+    window_start: UtcDateTime
+    window_end: UtcDateTime
+    windows: int = 1
+    policy_count: int
+    policy_mean: float | None = None
+    policy_stddev: float | None = None
+    production_count: int
+    production_mean: float | None = None
+    production_stddev: float | None = None
+    difference: float | None = None
+    lower: float | None = None
+    upper: float | None = None
+    level: float
+    df: float | None = None
+    method: str = "welch"
+    verdict: Literal["better", "worse", "inconclusive", "insufficient"]
+    emitted_at: UtcDateTime
+
+
 class CommitHold(AvroModel):
     """Commits held because a reward window of one agent and model dropped (nested in
     :class:`LedgerState`)."""
@@ -532,6 +570,24 @@ class CommitHold(AvroModel):
     window_start: UtcDateTime
     mean: float
     since: UtcDateTime
+    reason: str | None = None
+    """None: a reward drop, ended by a recovery; ``rollback``: ended only by an operator."""
+
+
+class AgentRollout(AvroModel):
+    """The policy's share of one agent's traffic (``gateway.rollout``; nested in
+    :class:`LedgerState`)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.AgentRollout"
+    agent_name: str
+    share: float
+    version: int = 0
+    wins: int = 0
+    losses: int = 0
+    pinned: bool = False
+    rolled_back: bool = False
+    updated_at: UtcDateTime | None = None
+    streak: list[Comparison] = Field(default_factory=list)
 
 
 class LedgerState(AvroModel):
@@ -555,6 +611,8 @@ class LedgerState(AvroModel):
     ready_at_last_commit: int | None = None
     holds: list[CommitHold] = Field(default_factory=list)
     batch_requests: int = 0
+    arm_windows: list[WindowAccumulator] = Field(default_factory=list)
+    rollout: list[AgentRollout] = Field(default_factory=list)
 
 
 class SelectionDecision(AvroModel):
@@ -658,6 +716,33 @@ class TraceHead(AvroModel):
     ends: list[HeldSpan] = Field(default_factory=list)
 
 
+class RoutingShare(AvroModel):
+    """The policy's share of an agent's traffic from ``effective_at`` on (``<p>.routing``)."""
+
+    avro_name: ClassVar[str] = "io.trajstream.RoutingShare"
+    agent_name: str
+    share: Annotated[float, Field(ge=0.0, le=1.0)]
+    previous_share: float = 0.0
+    version: int
+    effective_at: UtcDateTime
+    decided_at: UtcDateTime
+    action: str
+    reason: str = ""
+    evidence: list[Comparison] = Field(default_factory=list)
+    requested_by: str = ""
+
+
+class RoutingOverride(AvroModel):
+    """An operator's pin (share) or release (share None) of an agent's rollout; ledger only."""
+
+    avro_name: ClassVar[str] = "io.trajstream.RoutingOverride"
+    agent_name: NonEmpty
+    share: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    requested_at: UtcDateTime
+    requested_by: str = ""
+    reason: str = ""
+
+
 MODELS: tuple[type[AvroModel], ...] = (
     ToolCall,
     ChatMessage,
@@ -689,5 +774,8 @@ MODELS: tuple[type[AvroModel], ...] = (
     SpanLink,
     HeldSpan,
     TraceHead,
+    Comparison,
+    RoutingShare,
+    RoutingOverride,
 )
 """Every record model, in dependency order."""

@@ -2,7 +2,7 @@
 
 Read from, in order of precedence: keyword arguments, environment variables prefixed
 ``TRAJSTREAM_`` (nested with ``__``, e.g. ``TRAJSTREAM_COMMIT__INTERVAL_S=60``), a config file
-(TOML or YAML) named by ``TRAJSTREAM_CONFIG`` or ``--config``, then defaults. The standard
+(TOML or YAML) named by ``--config`` or else ``TRAJSTREAM_CONFIG``, then defaults. The standard
 ``KAFKA_BOOTSTRAP_SERVERS`` variable is honoured for the broker too. A bad value fails at start
 with :class:`~streams.errors.ConfigError` naming the setting and the environment variable.
 
@@ -29,6 +29,7 @@ from pydantic import (
     SecretStr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -500,8 +501,58 @@ class GatewayKey(_Section):
         return v
 
 
+class CompareSettings(_Section):
+    """The comparison of the policy with production (:mod:`streams.core.compare`)."""
+
+    level: float = Field(
+        default=0.95, gt=0.5, lt=1.0, description="confidence level of the difference's interval"
+    )
+    min_count: int = Field(
+        default=10, ge=2, description="calls each arm needs in a window for a verdict"
+    )
+    trailing_windows: PositiveInt = Field(
+        default=10, description="windows pooled in the trailing comparison"
+    )
+
+
+class RolloutSettings(_Section):
+    """Promotion and rollback of the policy (``gateway.rollout``, :mod:`streams.core.rollout`)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="the ledger owner moves each agent's policy share on <p>.routing and the "
+        "gateway routes by it",
+    )
+    initial_share: float = Field(default=0.05, ge=0.0, le=1.0)
+    step: float = Field(default=0.1, gt=0.0, le=1.0, description="share added per promotion")
+    max_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    floor: float = Field(default=0.0, ge=0.0, le=1.0, description="share after a rollback")
+    promote_after: PositiveInt = Field(
+        default=3, description="consecutive windows the policy must win with confidence"
+    )
+    rollback_after: PositiveInt = Field(
+        default=1, description="consecutive windows lost with confidence that roll it back"
+    )
+    apply_delay_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        description="a change applies to calls starting this long after it is decided",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RolloutSettings:
+        if not self.floor <= self.initial_share <= self.max_share:
+            raise ValueError(
+                "gateway.rollout needs floor <= initial_share <= max_share, got "
+                f"{self.floor} / {self.initial_share} / {self.max_share}"
+            )
+        return self
+
+
 class GatewaySettings(_Section):
     """The OpenAI-compatible gateway (``trajstream gateway``)."""
+
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
 
     host: str = "127.0.0.1"
     api_keys: Annotated[list[GatewayKey], NoDecode] = Field(
@@ -560,8 +611,22 @@ class GatewaySettings(_Section):
         default=True,
         description="END carries the steps this process recorded: needs call-sticky replicas",
     )
+    anthropic_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="base URL of Anthropic's API, without /v1 (https://api.anthropic.com): the "
+        "production upstream of /v1/messages; unset, only calls routed to Trinity are answered",
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        default=None, description="sent to anthropic_url as x-api-key; never logged"
+    )
+    responses_calls: PositiveInt = Field(
+        default=10_000,
+        description="calls whose Responses API items are kept for previous_response_id "
+        "(least recently used dropped; a response past 2048 items or 8 MB is not kept)",
+    )
 
-    @field_validator("production_url")
+    @field_validator("production_url", "anthropic_url")
     @classmethod
     def _no_trailing_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
@@ -614,10 +679,12 @@ class OtlpSettings(_Section):
         "agent call (agent), or a call of its own (own: for agents with no invoke_agent spans)",
     )
     resolve: Literal["export", "trace"] = Field(
-        default="export",
-        description="where a step span's call is found: among the ancestors in its own export "
-        "(export), or by the span-resolution stage over the whole trace (trace: the ingest "
-        "publishes every span's parent link to <p>.spans, keyed by trace id)",
+        default="trace",
+        description="where a step span's call is found: by the workers' span-resolution stage "
+        "over the whole trace (trace: the ingest publishes every span's parent link to "
+        "<p>.spans, keyed by trace id), or among the ancestors in its own export (export: the "
+        "ingest publishes agent events; `trajstream otlp` only, the gateway's /v1/traces "
+        "always maps per export)",
     )
     settle_s: PositiveFloat = Field(
         default=5.0,
@@ -685,6 +752,7 @@ class Settings(BaseSettings):
     reward: RewardSettings = Field(default_factory=RewardSettings)
     windows: WindowSettings = Field(default_factory=WindowSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
+    compare: CompareSettings = Field(default_factory=CompareSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     otlp: OtlpSettings = Field(default_factory=OtlpSettings)
@@ -707,7 +775,8 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get("TRAJSTREAM_CONFIG") or _CONFIG_FILE.get("path")
+        # --config (load_settings(config)) wins over TRAJSTREAM_CONFIG
+        path = _CONFIG_FILE.get("path") or os.environ.get("TRAJSTREAM_CONFIG")
         if path:
             suffix = Path(path).suffix.lower()
             if suffix == ".toml":
@@ -734,7 +803,7 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
         if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
             raise ConfigError(f"config file {path}: use a .toml or .yaml file")
         _CONFIG_FILE["path"] = str(path)
-    env_config = os.environ.get("TRAJSTREAM_CONFIG")
+    env_config = None if config is not None else os.environ.get("TRAJSTREAM_CONFIG")
     if env_config and not Path(env_config).is_file():
         raise ConfigError(f"TRAJSTREAM_CONFIG={env_config}: no such file")
     if env_config and Path(env_config).suffix.lower() not in (".toml", ".yaml", ".yml"):
@@ -745,6 +814,8 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     except pydantic.ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
     check_together(settings)
+    if config is not None:  # the file read, whatever TRAJSTREAM_CONFIG says
+        settings.config = Path(config)
     return settings
 
 

@@ -14,7 +14,8 @@ topic                         partitions  records
 <prefix>.ticks                N           Tick (processing-time clock for open calls)
 <prefix>.trajectories         N           Trajectory
 <prefix>.rewarded             N           RewardedTrajectory
-<prefix>.ledger               1           FeedbackAck, Tick, CommitResume (operators only)
+<prefix>.ledger               1           FeedbackAck, Tick, CommitResume, RoutingOverride
+                                          (the last two: operators only)
 <prefix>.windows              1           WindowSummary
 <prefix>.commits              1           CommitRecord
 <prefix>.dead-letters         N           DeadLetter
@@ -25,6 +26,9 @@ topic                         partitions  records
 <prefix>.verdicts             N           JudgeVerdict (compacted, keyed by call_id)
 <prefix>.replayed             1           FeedbackAck, CommitRecord, LedgerState per replay id
 <prefix>.spans                N           TraceFragment keyed by trace id (otlp.resolve = trace)
+<prefix>.comparisons          1           Comparison (policy vs production, per agent and window)
+<prefix>.routing              1           RoutingShare (compacted, keyed by agent: the policy's
+                                          share, gateway.rollout)
 ============================  ==========  =========================================
 
 May import: the standard library (``create_topics`` defers to :mod:`streams.io.kafka`).
@@ -106,9 +110,19 @@ class Topics:
 
     @property
     def spans(self) -> str:
-        """OTLP trace fragments keyed by trace id, for the span-resolution stage (``otlp.resolve
-        = trace``; not in :meth:`all` until a worker runs that stage)."""
+        """OTLP trace fragments keyed by trace id, read by the workers' span-resolution stage
+        (written by the OTLP ingest with ``otlp.resolve = trace``, the default)."""
         return self._t("spans")
+
+    @property
+    def comparisons(self) -> str:
+        """The policy against production per agent and window (and trailing span)."""
+        return self._t("comparisons")
+
+    @property
+    def routing(self) -> str:
+        """The policy's share per agent (compacted, keyed by agent: see :meth:`configs`)."""
+        return self._t("routing")
 
     @property
     def replayed(self) -> str:
@@ -134,6 +148,9 @@ class Topics:
             self.alerts: 1,
             self.judge_requests: n,
             self.verdicts: n,
+            self.spans: n,
+            self.comparisons: 1,
+            self.routing: 1,
         }
 
     def value_types(self) -> dict[str, tuple[str, ...]]:
@@ -149,7 +166,7 @@ class Topics:
             self.ticks: (r + "Tick",),
             self.trajectories: (r + "Trajectory",),
             self.rewarded: (r + "RewardedTrajectory",),
-            self.ledger: (r + "FeedbackAck", r + "Tick", r + "CommitResume"),
+            self.ledger: (r + "FeedbackAck", r + "Tick", r + "CommitResume", r + "RoutingOverride"),
             self.windows: (r + "WindowSummary",),
             self.commits: (r + "CommitRecord",),
             self.dead_letters: (r + "DeadLetter",),
@@ -158,12 +175,17 @@ class Topics:
             self.alerts: (r + "DriftAlert",),
             self.judge_requests: (r + "JudgeRequest",),
             self.verdicts: (r + "JudgeVerdict",),
+            self.spans: (r + "TraceFragment",),
             self.replayed: (r + "FeedbackAck", r + "CommitRecord", r + "LedgerState"),
+            self.comparisons: (r + "Comparison",),
+            self.routing: (r + "RoutingShare",),
         }
 
     def worker_writes(self) -> list[str]:
-        """The topics a worker writes (what it registers with a schema registry)."""
+        """The topics a worker writes (what it registers with a schema registry): agent-events
+        too, where the span-resolution stage emits the calls it resolved."""
         return [
+            self.agent_events,
             self.ticks,
             self.trajectories,
             self.rewarded,
@@ -176,12 +198,18 @@ class Topics:
             self.alerts,
             self.judge_requests,
             self.verdicts,
+            self.comparisons,
+            self.routing,
         ]
 
     def configs(self) -> dict[str, dict[str, str]]:
         """Topic configs of the topics that need them: the verdicts are compacted (one per
-        call is kept: the last, which the reward stage makes the one it used)."""
-        return {self.verdicts: {"cleanup.policy": "compact"}}
+        call is kept: the last, which the reward stage makes the one it used), and so is the routing
+        (the last share of each agent is kept)."""
+        return {
+            self.verdicts: {"cleanup.policy": "compact"},
+            self.routing: {"cleanup.policy": "compact"},
+        }
 
 
 async def create_topics(

@@ -77,10 +77,12 @@ from ..settings import GatewayKey, GatewaySettings, Settings
 from ..topics import Topics
 from .auth import KeyRing, check_listen
 from .chat import StreamAssembler, ask_usage, llm_step, steps_of_request, to_chat_message
+from .gateway_apis import ApiConfig, ApiRoutes
 from .metrics import CONTENT_TYPE, GatewayMetrics
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
-from .routing import Route, check_routable, decide_route
+from .routing import RolloutStrategy, Route, ShareBook, check_routable, decide_route
+from .routing_follow import ShareFollower
 
 __all__ = [
     "BadRequest",
@@ -309,7 +311,10 @@ class Gateway:
         """Run before listening: checks the cluster (see :func:`build_gateway`)."""
         self.otlp_options: dict[str, Any] = {}
         """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
+        self.apis = ApiRoutes(self)  # /v1/responses and /v1/messages (gateway_apis)
         self.url = ""
+        self.follower: ShareFollower | None = None
+        """With ``gateway.rollout``: the reader of ``<p>.routing`` (started and stopped here)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -328,6 +333,7 @@ class Gateway:
         r.add_get("/metrics", self._metrics)
         # OpenTelemetry GenAI spans, the second way in: same records, same durable buffer
         add_otlp_routes(app, self._publish_spans, **self.otlp_options)
+        self.apis.mount(app)  # the Responses and Messages APIs: same records, same decisions
         return app
 
     async def _publish_spans(self, records: Sequence[AgentCall | Completion]) -> None:
@@ -350,6 +356,8 @@ class Gateway:
             auto_decompress=False,
         )
         await self.publisher.start()
+        if self.follower is not None:  # gateway.rollout: the shares in force before any call
+            await self.follower.start()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -366,6 +374,8 @@ class Gateway:
             await asyncio.wait(self._background, timeout=self.config.timeout_s)
         if self._session is not None:
             await self._session.close()
+        if self.follower is not None:
+            await self.follower.stop()
         await self.publisher.stop(flush_timeout)
 
     # -- middleware: every error in OpenAI's shape ---------------------------------------------
@@ -917,6 +927,7 @@ class Gateway:
             )
         )
         self.calls.pop(call_id)
+        self.apis.items.forget(call_id)
         if state is not None:
             for shadow in state.shadows.values():  # answers no recorded step waits for
                 shadow.cancel()
@@ -1045,6 +1056,9 @@ def build_gateway(
     )
     check_routable(strategy, spec)
     bootstrap = settings.bootstrap_servers
+    book = ShareBook() if settings.gateway.rollout.enabled else None
+    if book is not None:  # the share the ledger owner decides; the strategy for new agents
+        strategy = RolloutStrategy(strategy, book)
     if producer_factory is None:
         if not bootstrap:
             from ..errors import ConfigError
@@ -1081,6 +1095,10 @@ def build_gateway(
         prepare=prepare,
     )
     gateway = Gateway(config, strategy, publisher)
+    if book is not None and bootstrap:
+        gateway.follower = ShareFollower(
+            bootstrap, topics.routing, book, security=settings.kafka.security
+        )
 
     async def preflight() -> None:
         """A cluster that cannot be reached (refused, timed out) is no reason not to serve: the
@@ -1116,6 +1134,7 @@ def build_gateway(
         "publish_timeout": otlp.publish_timeout_s,
         "missing_parent": otlp.missing_parent,
     }
+    gateway.apis.configure(ApiConfig.from_settings(settings.gateway))
     return gateway
 
 

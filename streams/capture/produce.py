@@ -25,9 +25,10 @@ from pathlib import Path
 import pydantic
 
 from ..codec import _summarise
+from ..errors import ConfigError
 from ..models import AgentCall, Completion, UserFeedback
 
-__all__ = ["LineError", "Parsed", "parse_lines", "read_events"]
+__all__ = ["LineError", "Parsed", "input_files", "parse_lines", "read_events"]
 
 TYPES: dict[str, type[AgentCall] | type[Completion] | type[UserFeedback]] = {
     "agent_call": AgentCall,
@@ -94,3 +95,23 @@ def read_events(path: Path) -> Parsed:
     parsed = parse_lines(lines)
     parsed.errors = sorted([*parsed.errors, *undecodable], key=lambda e: e.line)
     return parsed
+
+
+def input_files(paths: Iterable[Path]) -> list[Path]:
+    """The files ``trajstream produce`` reads: each file named, and the ``*.jsonl`` files of
+    each directory named (in name order). A path that is neither, or a directory without a
+    ``.jsonl`` file, is a :class:`~streams.errors.ConfigError` saying which."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.jsonl") if p.is_file())
+            if not found:
+                raise ConfigError(f"input directory {path} holds no .jsonl file")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        elif path.exists():
+            raise ConfigError(f"input {path} is neither a file nor a directory")
+        else:
+            raise ConfigError(f"input file {path} does not exist")
+    return files

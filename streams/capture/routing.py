@@ -17,6 +17,16 @@ Trinity answered is trained on however long it runs, and a mark that arrives onl
 recorded (its labels reach the rewards) but selects nothing. A mark's TTL is checked once, here:
 against the time of the call's first request.
 
+With ``gateway.rollout`` on, the strategy is a :class:`RolloutStrategy`: the policy's share of
+each agent's traffic is what the ledger owner last wrote on ``<p>.routing``
+(:mod:`streams.core.rollout`), kept in a :class:`ShareBook` that a follower of that topic fills
+(:mod:`streams.capture.routing_follow`). A call goes to Trinity when its hash
+(:func:`~streams.core.select.sample_point` of its call id) is below the share **in force at the
+call's start**: each change carries an ``effective_at`` a little after its decision, and every
+replica that has read it decides a call that starts after that moment with the new share, and
+one that started before with the old, so replicas agree on every call whatever the moment each
+read the change. An agent with no share yet is routed by the configured strategy.
+
 This module imports only the models, the selection code and the errors.
 """
 
@@ -25,11 +35,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..core.select import AllOf, AnyOf, CallView, ExplicitMark, PerKey, SamplingRate, Strategy
+from ..core.select import (
+    AllOf,
+    AnyOf,
+    CallView,
+    ExplicitMark,
+    PerKey,
+    SamplingRate,
+    Strategy,
+    sample_point,
+)
 from ..errors import ConfigError
-from ..models import AgentCall, Selection
+from ..models import AgentCall, RoutingShare, Selection
 
-__all__ = ["ROUTE_ATTRIBUTES", "Route", "check_routable", "decide_route"]
+__all__ = [
+    "ROUTE_ATTRIBUTES",
+    "RolloutStrategy",
+    "Route",
+    "ShareBook",
+    "check_routable",
+    "decide_route",
+]
 
 ROUTE_ATTRIBUTES = (
     "trajstream.route.upstream",
@@ -118,3 +144,67 @@ def decide_route(strategy: Strategy, start: AgentCall, mode: str) -> Route:
     at: datetime = start.event_time
     view = CallView(start.call_id, start.model_copy(update={"event_time": at}), None, None, at)
     return Route(strategy.decide(view), mode)
+
+
+class ShareBook:
+    """The routing changes a replica has read, per agent, the last ``history`` versions of each.
+
+    Each version is applied once (a redelivery is ignored) and kept in version order, whatever
+    the order it was read in: the topic is one partition, so a replica reads in order, but one
+    that starts on a compacted topic sees only the newest change of each agent first."""
+
+    def __init__(self, history: int = 16) -> None:
+        self.history = history
+        self._by_agent: dict[str, list[RoutingShare]] = {}
+
+    def apply(self, change: RoutingShare) -> bool:
+        """Add ``change``; False when this book has that version already (or it is older than
+        every version kept)."""
+        kept = self._by_agent.setdefault(change.agent_name, [])
+        if any(c.version == change.version for c in kept):
+            return False
+        if len(kept) >= self.history and change.version < kept[0].version:
+            return False
+        kept.append(change)
+        kept.sort(key=lambda c: c.version)
+        del kept[: -self.history]
+        return True
+
+    def share_at(self, agent: str, at: datetime) -> RoutingShare | None:
+        """The change in force for a call of ``agent`` starting at ``at``: the newest whose
+        ``effective_at`` is not after it (None: none yet)."""
+        for change in reversed(self._by_agent.get(agent, [])):
+            if change.effective_at <= at:
+                return change
+        return None
+
+    def latest(self) -> dict[str, RoutingShare]:
+        """Each agent's newest change (in force now, or soon)."""
+        return {agent: kept[-1] for agent, kept in self._by_agent.items() if kept}
+
+
+class RolloutStrategy:
+    """Route by the share in force at the call's start (see the module docstring); agents
+    without a share are decided by ``fallback``."""
+
+    decides_at_start = True
+
+    def __init__(self, fallback: Strategy, book: ShareBook) -> None:
+        check_routable(fallback)
+        self.fallback = fallback
+        self.book = book
+
+    @property
+    def name(self) -> str:
+        return f"rollout({self.fallback.name})"
+
+    def decide(self, call: CallView) -> Selection:
+        change = self.book.share_at(call.agent_name or "-", call.ended_at)
+        if change is None:
+            return self.fallback.decide(call)
+        hit = sample_point(call.call_id) < change.share
+        return Selection(
+            selected=hit,
+            strategy=f"rollout(v{change.version})",
+            reason="rollout-policy" if hit else "rollout-production",
+        )

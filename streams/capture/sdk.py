@@ -107,7 +107,7 @@ class TrajstreamProducer:
             registered = await registry.aconnect(
                 self._schema_registry,
                 topics=self.topics,
-                writes=[self.topics.agent_events, self.topics.user_feedback],
+                writes=[self.topics.agent_events, self.topics.user_feedback, self.topics.spans],
                 codec=self.codec,
             )
             self._framing = registered.framing if registered else None

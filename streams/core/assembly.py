@@ -46,6 +46,7 @@ from ..models import (
     Tick,
     Trajectory,
 )
+from .arms import routed_upstream, scored_unselected
 from .select import CallView, Strategy, routed_selection
 
 __all__ = [
@@ -283,7 +284,9 @@ def view_of(state: PendingCall) -> CallView:
 def close(
     state: PendingCall, strategy: Strategy, reason: str
 ) -> tuple[Selection, Trajectory | None]:
-    """Decide selection for a closing call and build its trajectory when selected.
+    """Decide selection for a closing call and build its trajectory when selected, or when a
+    gateway routed it to production (scored for the comparison, not trained on:
+    :mod:`streams.core.arms`).
 
     A call a gateway routed is selected as its START says (:func:`~.select.routed_selection`);
     the others by ``strategy``.
@@ -293,9 +296,10 @@ def close(
     the reward stage does not score it unless told to.
     """
     view = view_of(state)
-    # a routed call keeps the gateway's decision; any other is decided now
+    # a routed call keeps the gateway's decision; any other is decided now. A routed call
+    # that is not selected (production answered it) is still scored, for the comparison
     selection = routed_selection(state.start) or strategy.decide(view)
-    if not selection.selected:
+    if not selection.selected and not scored_unselected(state.start):
         return selection, None
     start, end = state.start, state.end
     first = start or end
@@ -319,6 +323,7 @@ def close(
         started_at=start.event_time if start else None,
         ended_at=view.ended_at,
         closed_reason=reason,
+        upstream=routed_upstream(start),
     )
     return selection, trajectory
 

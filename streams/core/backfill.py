@@ -21,6 +21,7 @@ from typing import Protocol
 
 from ..errors import ConfigError
 from ..models import RewardedTrajectory, Trajectory, UserFeedback
+from .arms import trains
 
 __all__ = [
     "CommitPacer",
@@ -141,6 +142,8 @@ def plan_feedback(
     for rewarded in scored:
         if rewarded.trajectory_id in acknowledged:
             skipped.append(rewarded.trajectory_id)
+        elif not trains(rewarded):
+            unsendable.append((rewarded.call_id, "answered by production: scored, not trained"))
         elif not rewarded.msg_ids:
             unsendable.append((rewarded.call_id, "no msg_ids (no LLM step with a response id)"))
         else:

@@ -30,6 +30,8 @@ OutputTopic = Literal[
     "commits",
     "judge_requests",
     "verdicts",
+    "comparisons",
+    "routing",
 ]
 
 
@@ -42,6 +44,15 @@ class Source:
     offset: int
     key: bytes | None
     value: bytes
+    """The record's bytes; ``b""`` for a record without a value (a tombstone): runners make
+    a Source with :meth:`read`, which says so."""
+
+    @classmethod
+    def read(
+        cls, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ) -> Source:
+        """A record as a Kafka client hands it over (a tombstone's value is ``None``)."""
+        return cls(topic, partition, offset, key, b"" if value is None else value)
 
     def where(self) -> str:
         return f"{self.topic}[{self.partition}]@{self.offset}"
@@ -114,7 +125,9 @@ def dead_letter(
     that size, so that the dead letter fits in a record; the reason says so, and the source
     topic, partition and offset still name the whole record."""
     src = reject.source
-    payload = reject.payload if reject.payload is not None else (src.value if src else b"")
+    payload = reject.payload if reject.payload is not None else (src.value if src else None)
+    if payload is None:  # a tombstone (a record without a value), however it got here
+        payload = b""
     reason = reject.reason
     if max_payload is not None and len(payload) > max_payload:
         reason += f" (payload cut to {max_payload} of its {len(payload)} bytes)"

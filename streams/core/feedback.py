@@ -9,16 +9,19 @@ record one acknowledgement for the trajectory (counted once by the ledger, with 
 requests). A redelivery sends them all again: Trinity ignores a msg_id it rewarded before, so a
 set interrupted half-way is completed, and nothing is counted twice.
 
-May import: the standard library, :mod:`streams.models`.
+May import: the standard library, :mod:`streams.models`, :mod:`streams.core.arms`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
-from ..models import RewardedTrajectory
+from ..models import FeedbackAck, RewardedTrajectory
+from .arms import trains
 
-__all__ = ["FeedbackRequest", "feedback_requests"]
+__all__ = ["FeedbackPort", "FeedbackRequest", "deliver", "feedback_requests"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +35,11 @@ class FeedbackRequest:
 
 
 def feedback_requests(rewarded: RewardedTrajectory) -> list[FeedbackRequest]:
-    """The ``/feedback`` requests of ``rewarded``: one per distinct reward, see the module."""
+    """The ``/feedback`` requests of ``rewarded``: one per distinct reward, see the module;
+    none for a call production answered (:func:`streams.core.arms.trains`): it is acknowledged
+    with no request, for the ledger's windows of its upstream."""
+    if not trains(rewarded):
+        return []
     groups: dict[float, list[str]] = {}
     for msg_id in rewarded.msg_ids:
         reward = rewarded.step_rewards.get(msg_id, rewarded.reward)
@@ -41,3 +48,26 @@ def feedback_requests(rewarded: RewardedTrajectory) -> list[FeedbackRequest]:
         FeedbackRequest(ids, reward, rewarded.task_id, rewarded.run_id)
         for reward, ids in groups.items()
     ]
+
+
+FeedbackPort = Callable[[FeedbackRequest, str], Awaitable[int]]
+"""How a runner sends one ``/feedback`` request (``what`` names it in logs and errors): until
+Trinity acknowledges it (the one retry loop), returning the attempts it took; a rejection or
+giving up raises."""
+
+
+async def deliver(
+    rewarded: RewardedTrajectory, send: FeedbackPort, now: Callable[[], datetime]
+) -> FeedbackAck:
+    """The feedback stage, for both runners: every request of ``rewarded``
+    (:func:`feedback_requests`), each acknowledged before the next, then the trajectory's one
+    :class:`~streams.models.FeedbackAck` (the most attempts any request took, and how many
+    requests there were) for the ledger. What the port raises goes to the runner: the live
+    worker makes it a dead letter, replay a rejected trajectory or an error to re-run."""
+    requests = feedback_requests(rewarded)
+    attempts = 0
+    for request in requests:
+        attempts = max(attempts, await send(request, f"feedback for {rewarded.call_id}"))
+    return FeedbackAck(
+        rewarded=rewarded, acked_at=now(), attempts=attempts, feedbacks=len(requests)
+    )

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..errors import RecordError
+from ..errors import JudgeAnswerError
 from ..models import JudgeRequest, JudgeVerdict, StepKind, Trajectory
 
 __all__ = [
@@ -60,10 +60,6 @@ MAX_RAW_ANSWER = 8192
 """Characters of the judge's answer kept in a verdict."""
 
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*)\n\s*```$", re.DOTALL)
-
-
-class JudgeAnswerError(RecordError):
-    """The judge's answer has no usable score; the message says what was wrong."""
 
 
 @dataclass(frozen=True, slots=True)

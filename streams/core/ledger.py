@@ -16,13 +16,16 @@ Commits
   interval.
 
 Reward windows
-  Event-time tumbling windows per agent name and model: count, mean, min, max, standard
+  Event-time tumbling windows per agent name, model and upstream (who answered the call,
+  :mod:`streams.core.arms`; key ``agent|model``, with ``|upstream`` appended for calls a
+  gateway routed): count, mean, min, max, standard
   deviation (Welford), success rate. A window is final when the watermark (largest event time
   seen) passes its end plus ``grace``, or, when the ledger has been idle for ``grace`` seconds of
   processing time, when the wall clock passes its end plus ``grace``. Each window is emitted once; a
   trajectory for an emitted window is late and counted in the next summary of its agent/model.
 
 Commit holds
+  Drift alerts are raised on the windows of trained calls only (not production's).
   With ``hold_on_drift``, a drift alert for an agent and model holds commits: a commit that
   falls due is recorded with ``sent: false`` and the reason, and not sent (stop feeding the
   trainer when its rewards drop). Trinity's ``/commit`` drains every ready experience, whatever
@@ -36,14 +39,14 @@ Unlike Faust's windowed tables, nothing here depends on a wall-clock cleanup tim
 in-memory registration that a restart forgets: the state is one record in a changelog-backed
 table, and the clock arrives as data.
 
-May import: the standard library, :mod:`streams.models`.
+May import: the standard library, :mod:`streams.models`, :mod:`streams.core.arms`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ..models import (
@@ -57,8 +60,17 @@ from ..models import (
     WindowAccumulator,
     WindowSummary,
 )
+from .arms import PRODUCTION, trains
+from .compare import CompareConfig
+from .rollout import RolloutConfig
 
 RECENT_IDS = 1000
+
+
+def window_key(agent: str, model: str, upstream: str | None) -> str:
+    """``agent|model``, or ``agent|model|upstream`` for a gateway-routed call's window."""
+    return f"{agent}|{model}" if upstream is None else f"{agent}|{model}|{upstream}"
+
 
 __all__ = [
     "RECENT_IDS",
@@ -73,6 +85,7 @@ __all__ = [
     "held_commit",
     "is_held",
     "update_holds",
+    "window_key",
 ]
 
 
@@ -86,6 +99,8 @@ class LedgerConfig:
     drift_fraction: float = 0.8
     drift_history: int = 5
     hold_on_drift: bool = False
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
 CommitPlan = PendingCommit
@@ -102,7 +117,9 @@ def drift_alerts(
     """
     alerts = []
     for summary in summaries:
-        pair = f"{summary.agent_name}|{summary.model}"
+        if summary.upstream == PRODUCTION:  # production's rewards do not hold training
+            continue
+        pair = window_key(summary.agent_name, summary.model, summary.upstream)
         history = state.trailing.get(pair, [])
         if len(history) >= 2:
             trailing = sum(history) / len(history)
@@ -133,21 +150,27 @@ def update_holds(
 ) -> tuple[list[CommitHold], list[CommitHold]]:
     """Start a hold for each alert (with ``hold_on_drift``), end a hold whose agent and model
     has a later window at or above its threshold, end every hold once ``hold_on_drift`` is
-    off. Returns (started, ended)."""
+    off. A rollback's hold (``reason == "rollback"``) ends only on an operator's resume.
+    Returns (started, ended)."""
     started: list[CommitHold] = []
     ended: list[CommitHold] = []
-    if not cfg.hold_on_drift and state.holds:
+    drops = [h for h in state.holds if h.reason is None]
+    if not cfg.hold_on_drift and drops:
         # the setting was turned off since: its holds end with it
-        ended, state.holds = list(state.holds), []
-        return started, ended
+        state.holds = [h for h in state.holds if h.reason is not None]
+        return started, drops
     raised = {(a.agent_name, a.model, a.window_start): a for a in alerts}
     for summary in summaries:  # oldest first: a drop then a recovery in one batch ends held
+        if summary.upstream == PRODUCTION:
+            continue
         key = (summary.agent_name, summary.model, summary.window_start)
         hold = next(
             (
                 h
                 for h in state.holds
-                if h.agent_name == summary.agent_name and h.model == summary.model
+                if h.agent_name == summary.agent_name
+                and h.model == summary.model
+                and h.reason is None
             ),
             None,
         )
@@ -194,7 +217,10 @@ def held_commit(state: LedgerState, plan: CommitPlan) -> CommitRecord | None:
     if not state.holds:
         return None
     reason = "; ".join(
-        f"reward drop of {h.agent_name}/{h.model}: window {h.window_start.isoformat()} "
+        f"policy of {h.agent_name} rolled back at window {h.window_start.isoformat()} "
+        f"(difference {h.mean:.4g}): resume with trajstream routing resume"
+        if h.reason == "rollback"
+        else f"reward drop of {h.agent_name}/{h.model}: window {h.window_start.isoformat()} "
         f"mean {h.mean:.4g} < threshold {h.threshold:.4g}"
         for h in state.holds
     )
@@ -237,20 +263,21 @@ def apply_ack(state: LedgerState, ack: FeedbackAck, now: datetime, cfg: LedgerCo
     state.recent_ids.append(tid)
     del state.recent_ids[:-RECENT_IDS]
     r = rewarded.reward
-    if state.batch_count == 0:
-        state.batch_start = now
-        state.batch_min = state.batch_max = r
-    state.batch_count += 1
-    state.batch_requests += ack.feedbacks
-    state.batch_sum += r
-    state.batch_min = min(state.batch_min, r)
-    state.batch_max = max(state.batch_max, r)
+    if trains(rewarded):  # production's calls are in their windows, never in a commit
+        if state.batch_count == 0:
+            state.batch_start = now
+            state.batch_min = state.batch_max = r
+        state.batch_count += 1
+        state.batch_requests += ack.feedbacks
+        state.batch_sum += r
+        state.batch_min = min(state.batch_min, r)
+        state.batch_max = max(state.batch_max, r)
     state.last_event = now
     if state.watermark is None or rewarded.event_time > state.watermark:
         state.watermark = rewarded.event_time
 
-    agent, model = rewarded.agent_name or "-", rewarded.model or "-"
-    pair = f"{agent}|{model}"
+    agent, model, upstream = rewarded.agent_name or "-", rewarded.model or "-", rewarded.upstream
+    pair = window_key(agent, model, upstream)
     start = _window_start(rewarded.event_time, cfg.window)
     if _ms(start) < state.closed_until.get(pair, -(2**62)):
         state.late[pair] = state.late.get(pair, 0) + 1
@@ -259,12 +286,17 @@ def apply_ack(state: LedgerState, ack: FeedbackAck, now: datetime, cfg: LedgerCo
         (
             w
             for w in state.windows
-            if w.agent_name == agent and w.model == model and w.window_start == start
+            if w.agent_name == agent
+            and w.model == model
+            and w.upstream == upstream
+            and w.window_start == start
         ),
         None,
     )
     if acc is None:
-        acc = WindowAccumulator(agent_name=agent, model=model, window_start=start)
+        acc = WindowAccumulator(
+            agent_name=agent, model=model, window_start=start, upstream=upstream
+        )
         state.windows.append(acc)
     acc.count += 1
     delta = rewarded.reward - acc.mean
@@ -288,13 +320,15 @@ def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[Wi
         return []
     final: list[WindowAccumulator] = []
     keep: list[WindowAccumulator] = []
-    for acc in sorted(state.windows, key=lambda w: (w.window_start, w.agent_name, w.model)):
+    for acc in sorted(
+        state.windows, key=lambda w: (w.window_start, w.agent_name, w.model, w.upstream or "")
+    ):
         end = acc.window_start + cfg.window
         (final if end <= horizon else keep).append(acc)
     state.windows = keep
     summaries = []
     for acc in final:
-        pair = f"{acc.agent_name}|{acc.model}"
+        pair = window_key(acc.agent_name, acc.model, acc.upstream)
         end = acc.window_start + cfg.window
         state.closed_until[pair] = max(state.closed_until.get(pair, 0), _ms(end))
         summaries.append(
@@ -311,6 +345,7 @@ def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[Wi
                 success_rate=acc.successes / acc.count if acc.count else 0.0,
                 late=state.late.pop(pair, 0),
                 emitted_at=now,
+                upstream=acc.upstream,
             )
         )
     return summaries

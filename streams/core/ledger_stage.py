@@ -7,10 +7,15 @@ ticks; each offset once, so records redelivered after a crash are not counted tw
 one is due. The commit itself follows :mod:`streams.core.commits`. The rules of windows,
 commit timing and commit holds are in :mod:`streams.core.ledger`.
 
-Three record types belong on the ledger: :class:`~streams.models.FeedbackAck` (written by the
-feedback stage), :class:`~streams.models.Tick` (the ledger clock) and
-:class:`~streams.models.CommitResume` (an operator's ``trajstream commits resume``). Anything
-else, and these anywhere else, is a dead letter.
+Four record types belong on the ledger: :class:`~streams.models.FeedbackAck` (written by the
+feedback stage), :class:`~streams.models.Tick` (the ledger clock),
+:class:`~streams.models.CommitResume` (an operator's ``trajstream commits resume``) and
+:class:`~streams.models.RoutingOverride` (``trajstream routing set|resume``). Anything else, and
+these anywhere else, is a dead letter.
+
+With every decision, the windows it closed are compared (:mod:`streams.core.compare`, on
+``comparisons``) and, with ``gateway.rollout`` on, the policy's share of each agent follows
+(:mod:`streams.core.rollout`, changes on ``routing``).
 
 May import: the standard library, the core, :mod:`streams.models`, :mod:`streams.codec`,
 :mod:`streams.errors`.
@@ -24,7 +29,9 @@ from datetime import datetime
 
 from ..codec import SchemaRegistry
 from ..errors import RecordError
-from ..models import CommitResume, FeedbackAck, LedgerState, Tick
+from ..models import CommitResume, FeedbackAck, LedgerState, RoutingOverride, Tick
+from .arms import POLICY
+from .compare import compare_windows
 from .effects import Out, Reject, Source
 from .ledger import (
     CommitPlan,
@@ -36,6 +43,7 @@ from .ledger import (
     due_windows,
     update_holds,
 )
+from .rollout import apply_override, decide_rollout
 from .store import Store
 
 __all__ = ["LEDGER_KEY", "Applied", "LedgerStage"]
@@ -100,6 +108,18 @@ class LedgerStage:
                             record.requested_by or "an operator",
                             record.reason or "no reason given",
                         )
+                elif isinstance(record, RoutingOverride):
+                    change, ended = apply_override(state, record, now, self.cfg.rollout)
+                    out.stats["ledger.holds_resumed"] += len(ended)
+                    if change is not None:
+                        log.warning(
+                            "routing of %s %s by %s: share %.4g",
+                            change.agent_name,
+                            change.action,
+                            record.requested_by or "an operator",
+                            change.share,
+                        )
+                        out.emit("routing", change.agent_name.encode(), change)
                 else:
                     raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
             except RecordError as exc:
@@ -115,10 +135,33 @@ class LedgerStage:
         summaries = due_windows(state, now, self.cfg)
         for summary in summaries:
             key = f"{summary.agent_name}|{summary.model}|{summary.window_start.isoformat()}"
+            if summary.upstream is not None:
+                key += f"|{summary.upstream}"
             out.emit("windows", key.encode(), summary)
         alerts = drift_alerts(state, summaries, now, self.cfg)
         for alert in alerts:
             out.emit("alerts", f"{alert.agent_name}|{alert.model}".encode(), alert)
+        comparisons = compare_windows(state, summaries, now, self.cfg.compare)
+        for c in comparisons:
+            key = f"{c.agent_name}|{c.span}|{c.window_start.isoformat()}"
+            out.emit("comparisons", key.encode(), c)
+        policy_models: dict[str, set[str]] = {}
+        for s in summaries:
+            if s.upstream == POLICY:
+                policy_models.setdefault(s.agent_name, set()).add(s.model)
+        for change in decide_rollout(
+            state, comparisons, alerts, now, self.cfg.rollout, policy_models
+        ):
+            out.stats[f"routing.{change.action}"] += 1
+            log.warning(
+                "routing of %s: %s share %.4g -> %.4g (%s)",
+                change.agent_name,
+                change.action,
+                change.previous_share,
+                change.share,
+                change.reason,
+            )
+            out.emit("routing", change.agent_name.encode(), change)
         started, ended = update_holds(state, summaries, alerts, now, self.cfg)
         for hold in started:
             out.stats["ledger.holds_started"] += 1

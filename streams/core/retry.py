@@ -4,7 +4,7 @@ and when to give up.
 Trinity being unavailable (5xx, 408, 429, a timeout, a refused connection) is retried with
 capped exponential backoff until ``max_age`` seconds have passed since the first attempt; a
 rejection (4xx) is never retried. :meth:`RetryPolicy.decide` is that decision for one failed
-attempt; the one loop that applies it is :func:`streams.io.trinity.retrying`, used by the live
+attempt; the one loop that applies it is :func:`streams.io.retrying.retrying`, used by the live
 feedback stage, the live commits and replay alike.
 
 May import: the standard library only.

@@ -12,6 +12,9 @@ since when it waits). The rules, in one place for the live worker and replay:
   trajectory's arrival for the first feedback; others are scored at once;
 - feedback without its trajectory (the call was not selected, or has not closed yet) waits
   ``abandon_after + feedback_grace``, then is forgotten as unmatched;
+- a trajectory of a call a gateway routed to production is scored the same way and emitted
+  with ``upstream: production``, whatever its msg_ids: the feedback stage sends it to no one,
+  the ledger counts it in its upstream's windows only (:mod:`streams.core.arms`);
 - a reward function that raises (or returns NaN or infinity) is a reward-stage dead letter, and
   so is a trajectory with no msg_ids (no LLM step with a response id): nothing trainable, so
   nothing is sent to Trinity.
@@ -53,6 +56,7 @@ from ..models import (
     Trajectory,
     UserFeedback,
 )
+from .arms import trains
 from .assemble import check_key
 from .assembly import Deadlines, check_not_future, tick_time
 from .effects import Out, Reject, Source
@@ -322,6 +326,12 @@ class RewardJoin:
         except RewardError as exc:
             out.stats["reward.errors"] += 1
             out.reject(self._reject(str(exc), type(exc).__name__, key, trajectory, src))
+            return
+        if trajectory.upstream is not None:
+            rewarded = rewarded.model_copy(update={"upstream": trajectory.upstream})
+        if not trains(rewarded):  # production's answer: scored for the comparison only
+            out.stats["trajectories.rewarded_production"] += 1
+            out.emit("rewarded", key, rewarded, context=trajectory)
             return
         if not rewarded.msg_ids:
             out.stats["trajectories.nothing_trainable"] += 1

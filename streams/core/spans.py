@@ -304,7 +304,7 @@ class SpanResolver:
                 )
         head.held = waiting
         for call_id in sorted(joined):
-            for step in _separated(step_order(joined[call_id])):
+            for step in _separated(step_order(_ties_by_time(joined[call_id]))):
                 out.stats["steps.joined"] += 1
                 out.emit(AGENT_EVENTS, call_id.encode(), step)
 
@@ -393,6 +393,32 @@ class SpanResolver:
                 built.setdefault(head.partition, Deadlines()).set(key, self._next(head))
         self._due.update(built)
         return built[partition]
+
+
+TIE_BITS = 4
+"""The low bits of a span's seq that are not its start millisecond (the ingest's
+:func:`streams.capture.otlp.seq_of`: start ms times 16 plus 4 bits of the span id)."""
+
+
+def _ties_by_time(steps: list[Completion]) -> list[Completion]:
+    """Steps that started in one millisecond get their tie bits in the order they ended.
+
+    The ingest fills the tie bits from the span id (random), which is no order: a tool span and
+    the chat span right after it, started in one millisecond, would come out in either order.
+    Resolved together, their end times order them (a step ends before the next one starts)."""
+    groups: dict[int, list[Completion]] = {}
+    for step in steps:
+        groups.setdefault(step.seq >> TIE_BITS, []).append(step)
+    out: list[Completion] = []
+    for millis, group in groups.items():
+        if len(group) == 1 or len(group) > 1 << TIE_BITS:
+            out.extend(group)
+            continue
+        group.sort(key=lambda s: (s.event_time, s.seq))
+        for tie, step in enumerate(group):
+            seq = (millis << TIE_BITS) | tie
+            out.append(step if seq == step.seq else step.model_copy(update={"seq": seq}))
+    return out
 
 
 def _separated(steps: list[Completion]) -> list[Completion]:

@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import ConfigError, TrajstreamError
+from ..errors import ConfigError, ExportError
 from ..models import (
     ChatMessage,
     Completion,
@@ -77,10 +77,6 @@ __all__ = [
 
 EXPORT_SCHEMA_VERSION = 1
 """Version of the export files' layout and of the manifest; bumped when either changes."""
-
-
-class ExportError(TrajstreamError):
-    """An export could not be written (the target is not a writable directory)."""
 
 
 # -- the formats -----------------------------------------------------------------------------

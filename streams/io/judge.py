@@ -29,10 +29,11 @@ from typing import Any
 import httpx
 
 from ..core.judge import expired, failed_verdict, messages, verdict_of
-from ..core.retry import GiveUp, RetryPolicy
-from ..errors import ConfigError, JudgeRejected, JudgeUnavailable
+from ..core.retry import RetryPolicy
+from ..errors import ConfigError, JudgeGaveUp, JudgeRejected, JudgeUnavailable
 from ..models import JudgeRequest, JudgeVerdict, utcnow
 from ..settings import JudgeSettings
+from .retrying import retrying
 
 __all__ = ["JudgeClient", "judge", "policy_of"]
 
@@ -140,26 +141,26 @@ async def judge(
     reason = expired(request, clock(), timedelta(seconds=policy.max_age))
     if reason is not None:
         return failed_verdict(request, reason, "", 0, clock())
-    attempts = 0
-    for delay in policy.delays():
-        attempts += 1
-        try:
-            body, raw = await client.ask(request)
-        except JudgeUnavailable as exc:
-            elapsed = (clock() - request.requested_at).total_seconds()
-            decision = policy.decide(attempts, elapsed, delay, str(exc))
-            if isinstance(decision, GiveUp):
-                return failed_verdict(request, decision.reason, exc.body or "", attempts, clock())
-            if attempts == 1 or attempts % 10 == 0:
-                log.warning(
-                    "judge for %s: %s; retrying (attempt %d)", request.call_id, exc, attempts
-                )
-            if on_retry is not None:
-                on_retry()
-            await sleep(decision)
-            continue
-        except JudgeRejected as exc:
-            reason = f"the judge rejected the request: {exc}"
-            return failed_verdict(request, reason, exc.body or "", attempts, clock())
-        return verdict_of(request, body, raw, attempts, clock())
-    raise AssertionError("unreachable")  # pragma: no cover
+    asked = 0
+
+    async def ask() -> tuple[Any, str]:
+        nonlocal asked
+        asked += 1
+        return await client.ask(request)
+
+    try:
+        attempts, (body, raw) = await retrying(
+            ask,
+            policy,
+            f"judge for {request.call_id}",
+            gave_up=JudgeGaveUp,
+            sleep=sleep,
+            elapsed=lambda: (clock() - request.requested_at).total_seconds(),
+            on_retry=on_retry,
+        )
+    except JudgeGaveUp as exc:
+        return failed_verdict(request, str(exc), exc.body or "", exc.attempts, clock())
+    except JudgeRejected as exc:
+        reason = f"the judge rejected the request: {exc}"
+        return failed_verdict(request, reason, exc.body or "", asked, clock())
+    return verdict_of(request, body, raw, attempts, clock())

@@ -1,5 +1,6 @@
 """Every Kafka client of the product is built here: admin (topic creation, listing), consumers
-(the bounded range reader of replay), producers.
+and the one bounded range reader (:func:`fetch_ranges`, :func:`read_whole`: replay, the
+status reader, ``trajstream audit``, the final commit's unread ledger records), producers.
 
 Topic names come only from :class:`streams.topics.Topics`. The Faust worker builds its own
 clients from the same bootstrap string and :func:`streams.io.security.faust_credentials`
@@ -15,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -37,9 +38,11 @@ __all__ = [
     "offsets_at",
     "process_framing",
     "producer",
+    "read_whole",
     "topic_partitions",
     "use_framing",
     "wait_until_ready",
+    "whole_ranges",
 ]
 
 REQUEST_TIMEOUT_MS = 15000
@@ -312,12 +315,20 @@ async def offsets_at(
 async def fetch_ranges(
     reader: AIOKafkaConsumer,
     ranges: dict[TopicPartition, tuple[int, int]],
-    advance: Callable[[int], None],
+    advance: Callable[[int], None] = lambda n: None,
     stall_s: float = 30.0,
+    *,
+    on_stall: Literal["raise", "stop"] = "raise",
+    max_records: int | None = None,
 ) -> dict[TopicPartition, list[Any]]:
     """Every record of the ranges (start inclusive, end exclusive), read by a consumer without a
-    group (manually assigned, so the live group's offsets never move); a range that stops
-    growing for ``stall_s`` before its end is an error."""
+    group (manually assigned, so the live group's offsets never move). A range that stops
+    growing for ``stall_s`` before its end is an error (``on_stall="raise"``: a
+    :class:`~streams.errors.BrokerError`), or the end of what there is to read (``"stop"``: a
+    compacted or truncated range, for a reader that only reports). Empty ranges are skipped."""
+    ranges = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
+    if not ranges:
+        return {}
     reader.assign(list(ranges))
     for tp, (start, _) in ranges.items():
         reader.seek(tp, start)
@@ -325,7 +336,7 @@ async def fetch_ranges(
     remaining = set(ranges)
     last_progress = time.monotonic()
     while remaining:
-        batch = await reader.getmany(*remaining, timeout_ms=500)
+        batch = await reader.getmany(*remaining, timeout_ms=500, max_records=max_records)
         for tp, messages in batch.items():
             end = ranges[tp][1]
             kept = [m for m in messages if m.offset < end]
@@ -337,9 +348,39 @@ async def fetch_ranges(
         if batch:
             last_progress = time.monotonic()
         elif time.monotonic() - last_progress > stall_s:
+            if on_stall == "stop":
+                break
             missing = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(remaining))
             raise BrokerError(
                 f"no records from {missing} for {stall_s:g}s before the end of "
                 "the range (broker unavailable?)"
             )
     return out
+
+
+async def whole_ranges(
+    reader: AIOKafkaConsumer, tps: Iterable[TopicPartition]
+) -> dict[TopicPartition, tuple[int, int]]:
+    """``[beginning, end)`` of each partition that holds records now."""
+    tps = list(tps)
+    if not tps:
+        return {}
+    first = await reader.beginning_offsets(tps)
+    last = await reader.end_offsets(tps)
+    return {tp: (first[tp], last[tp]) for tp in tps if last[tp] > first[tp]}
+
+
+async def read_whole(
+    reader: AIOKafkaConsumer,
+    topic: str,
+    partitions: Iterable[int],
+    stall_s: float = 30.0,
+    *,
+    on_stall: Literal["raise", "stop"] = "raise",
+) -> list[Any]:
+    """Every record ``topic`` holds now, partition by partition, each in offset order."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    fetched = await fetch_ranges(
+        reader, await whole_ranges(reader, tps), stall_s=stall_s, on_stall=on_stall
+    )
+    return [m for tp in sorted(fetched) for m in fetched[tp]]

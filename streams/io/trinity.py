@@ -39,20 +39,19 @@ from typing import Any, Final, TypeVar
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from ..core.retry import GiveUp, RetryPolicy, backoff_delays
-from ..errors import ConfigError, TrinityError, TrinityRejected, TrinityUnavailable
+from ..core.retry import RetryPolicy, backoff_delays
+from ..errors import (
+    ConfigError,
+    TrinityError,
+    TrinityGaveUp,
+    TrinityRejected,
+    TrinityUnavailable,
+)
 from ..settings import TrinitySettings
+from .retrying import retrying as _retrying
 
 T = TypeVar("T")
 log = logging.getLogger("trajstream.trinity")
-
-
-class TrinityGaveUp(TrinityError):
-    """Trinity stayed unavailable for longer than the retry policy allows."""
-
-    def __init__(self, reason: str, attempts: int) -> None:
-        super().__init__(reason)
-        self.attempts = attempts
 
 
 async def retrying(
@@ -64,25 +63,12 @@ async def retrying(
     clock: Callable[[], float] = time.monotonic,
     on_retry: Callable[[], None] | None = None,
 ) -> tuple[int, T]:
-    """Await ``call()`` until it answers, retrying :class:`TrinityUnavailable` as ``policy``
-    decides; returns the attempts and the answer. A :class:`TrinityRejected` (or any other
-    :class:`TrinityError`) is raised at once; giving up raises :class:`TrinityGaveUp`."""
-    started = clock()
-    attempts = 0
-    for delay in policy.delays():
-        attempts += 1
-        try:
-            return attempts, await call()
-        except TrinityUnavailable as exc:
-            decision = policy.decide(attempts, clock() - started, delay, str(exc))
-            if isinstance(decision, GiveUp):
-                raise TrinityGaveUp(decision.reason, attempts) from exc
-            if attempts == 1 or attempts % 10 == 0:
-                log.warning("%s: %s; retrying (attempt %d)", what, exc, attempts)
-            if on_retry is not None:
-                on_retry()
-            await sleep(decision)
-    raise AssertionError("unreachable")  # pragma: no cover
+    """:func:`streams.io.retrying.retrying` for Trinity: retries :class:`TrinityUnavailable`,
+    raises a :class:`TrinityRejected` (or any other :class:`TrinityError`) at once; giving up
+    raises :class:`TrinityGaveUp`."""
+    return await _retrying(
+        call, policy, what, gave_up=TrinityGaveUp, sleep=sleep, clock=clock, on_retry=on_retry
+    )
 
 
 __all__ = [

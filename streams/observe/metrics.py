@@ -27,7 +27,14 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..models import DriftAlert, LedgerState, Selection, WindowSummary
+from ..models import (
+    Comparison,
+    DriftAlert,
+    LedgerState,
+    RoutingShare,
+    Selection,
+    WindowSummary,
+)
 
 __all__ = ["CONTENT_TYPE", "METRICS", "Metrics", "lag_of"]
 
@@ -64,6 +71,17 @@ METRICS: dict[str, str] = {
     "trajstream_reward_window_trajectories": "trajectories in the last closed window, per agent "
     "and model",
     "trajstream_drift_alerts_total": "reward drift alerts raised, per agent and model",
+    "trajstream_compare_mean": "mean reward of an arm (policy, production) in the last "
+    "comparison, per agent and span (window, trailing)",
+    "trajstream_compare_calls": "calls of an arm in the last comparison, per agent and span",
+    "trajstream_compare_difference": "policy mean - production mean in the last comparison, "
+    "per agent and span",
+    "trajstream_compare_difference_lower": "lower bound of its confidence interval (Welch)",
+    "trajstream_compare_difference_upper": "upper bound of its confidence interval (Welch)",
+    "trajstream_routing_share": "the policy's share of an agent's traffic last decided "
+    "(gateway.rollout)",
+    "trajstream_routing_changes_total": "routing changes, per agent and action (start, "
+    "promote, rollback, drift, set, resume)",
     "trajstream_assigned_partitions": "input topic partitions assigned to this worker",
     "trajstream_ready": "1 when partitions are assigned and the tables are recovered",
 }
@@ -176,6 +194,35 @@ class Metrics:
             ["agent", "model"],
             registry=r,
         )
+        self._cmp_mean = Gauge(
+            "trajstream_compare_mean",
+            doc("trajstream_compare_mean"),
+            ["agent", "arm", "span"],
+            registry=r,
+        )
+        self._cmp_calls = Gauge(
+            "trajstream_compare_calls",
+            doc("trajstream_compare_calls"),
+            ["agent", "arm", "span"],
+            registry=r,
+        )
+        self._cmp_diff = {
+            part: Gauge(name, doc(name), ["agent", "span"], registry=r)
+            for part, name in (
+                ("difference", "trajstream_compare_difference"),
+                ("lower", "trajstream_compare_difference_lower"),
+                ("upper", "trajstream_compare_difference_upper"),
+            )
+        }
+        self._share = Gauge(
+            "trajstream_routing_share", doc("trajstream_routing_share"), ["agent"], registry=r
+        )
+        self._routing = Counter(
+            "trajstream_routing_changes",
+            doc("trajstream_routing_changes_total"),
+            ["agent", "action"],
+            registry=r,
+        )
         self._assigned_g = Gauge(
             "trajstream_assigned_partitions", doc("trajstream_assigned_partitions"), registry=r
         )
@@ -241,6 +288,24 @@ class Metrics:
 
     def drift_alert(self, alert: DriftAlert) -> None:
         self._alerts.labels(alert.agent_name, alert.model).inc()
+
+    def comparison(self, c: Comparison) -> None:
+        """A comparison of the policy with production was published."""
+        for arm, mean, count in (
+            ("policy", c.policy_mean, c.policy_count),
+            ("production", c.production_mean, c.production_count),
+        ):
+            self._cmp_calls.labels(c.agent_name, arm, c.span).set(count)
+            self._cmp_mean.labels(c.agent_name, arm, c.span).set(math.nan if mean is None else mean)
+        for part, value in (("difference", c.difference), ("lower", c.lower), ("upper", c.upper)):
+            self._cmp_diff[part].labels(c.agent_name, c.span).set(
+                math.nan if value is None else value
+            )
+
+    def routing(self, change: RoutingShare) -> None:
+        """The ledger owner changed an agent's share."""
+        self._share.labels(change.agent_name).set(change.share)
+        self._routing.labels(change.agent_name, change.action).inc()
 
     def watch_open_calls(self, count: Callable[[], int]) -> None:
         """Read the number of open calls at every scrape (e.g. ``len(pending_table)``)."""

@@ -17,13 +17,13 @@ What is read, and from where (nothing is written, no consumer group is joined):
 attention, :func:`render` prints one screen with rich, :meth:`Status.to_json` is ``--json``.
 :class:`TopicReader` is also what the status page reads with.
 
-May import aiokafka, rich, the package's models, codec, settings, topics and errors.
+May import aiokafka, rich, the package's models, codec, settings, topics and errors, and
+:mod:`streams.io.kafka` (the one range reader).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,6 +38,7 @@ from aiokafka.errors import KafkaError
 
 from ..codec import SchemaRegistry
 from ..errors import BrokerError, ConfigError, RecordError
+from ..io import kafka
 from ..models import CommitRecord, DeadLetter, DriftAlert, utcnow
 from ..settings import Settings
 from ..topics import Topics
@@ -168,26 +169,10 @@ class TopicReader:
         self, ranges: dict[TopicPartition, tuple[int, int]], stall_s: float = 10.0
     ) -> list[Any]:
         """The raw records of each ``[start, end)`` range, in partition order."""
-        ranges = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
-        if not ranges:
-            return []
-        self.consumer.assign(list(ranges))
-        for tp, (start, _) in ranges.items():
-            self.consumer.seek(tp, start)
-        out: dict[TopicPartition, list[Any]] = {tp: [] for tp in ranges}
-        remaining = set(ranges)
-        last = time.monotonic()
-        while remaining:
-            batch = await self.consumer.getmany(*remaining, timeout_ms=300, max_records=5000)
-            for tp, messages in batch.items():
-                out[tp].extend(m for m in messages if m.offset < ranges[tp][1])
-            for tp in list(remaining):
-                if await self.consumer.position(tp) >= ranges[tp][1]:
-                    remaining.discard(tp)
-            if batch:
-                last = time.monotonic()
-            elif time.monotonic() - last > stall_s:
-                break  # a compacted or truncated range: what was there was read
+        # a compacted or truncated range stalls: what was there was read
+        out = await kafka.fetch_ranges(
+            self.consumer, ranges, stall_s=stall_s, on_stall="stop", max_records=5000
+        )
         return [m for tp in sorted(out) for m in out[tp]]
 
     async def since(self, topic: str, at: datetime, limit: int = 1000) -> list[Any]:

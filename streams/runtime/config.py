@@ -10,13 +10,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ..core.assembly import Limits
+from ..core.compare import CompareConfig
 from ..core.judge import JudgeSpec
 from ..core.ledger import LedgerConfig
 from ..core.rewards import Rewarder
+from ..core.rollout import RolloutConfig
 from ..errors import ConfigError
 from ..settings import Settings
 
-__all__ = ["judge_of", "ledger_config_of", "limits_of"]
+__all__ = ["judge_of", "ledger_config_of", "limits_of", "rollout_config_of"]
 
 
 def limits_of(settings: Settings) -> Limits:
@@ -39,6 +41,26 @@ def ledger_config_of(settings: Settings) -> LedgerConfig:
         drift_fraction=settings.windows.drift_fraction,
         drift_history=settings.windows.drift_history,
         hold_on_drift=settings.commit.hold_on_drift,
+        compare=CompareConfig(
+            level=settings.compare.level,
+            min_count=settings.compare.min_count,
+            trailing_windows=settings.compare.trailing_windows,
+        ),
+        rollout=rollout_config_of(settings),
+    )
+
+
+def rollout_config_of(settings: Settings) -> RolloutConfig:
+    r = settings.gateway.rollout
+    return RolloutConfig(
+        enabled=r.enabled,
+        initial_share=r.initial_share,
+        step=r.step,
+        max_share=r.max_share,
+        floor=r.floor,
+        promote_after=r.promote_after,
+        rollback_after=r.rollback_after,
+        apply_delay=timedelta(seconds=r.apply_delay_s),
     )
 
 

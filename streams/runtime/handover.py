@@ -79,7 +79,7 @@ from importlib import metadata
 from itertools import pairwise
 from typing import Any, TextIO
 
-from ..errors import TrajstreamError
+from ..errors import HandoverPatchError
 
 __all__ = [
     "FAUST_VERSION",
@@ -99,10 +99,6 @@ _ENV_AGENT_DELAY = "TESTONLY_TRAJSTREAM_AGENT_DELAY_S"
 _ENV_ACK_LOG = "TESTONLY_TRAJSTREAM_ACK_LOG"
 
 _state: dict[str, Any] = {"patched": False, "hooks": False}
-
-
-class HandoverPatchError(TrajstreamError):
-    """The hand-over patch cannot be applied (another faust-streaming version)."""
 
 
 # -- the offset rules, pure --------------------------------------------------------------------

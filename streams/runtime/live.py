@@ -7,6 +7,8 @@ wall clock as ``now`` and sends what the stage returns; the Faust tables are the
 with its reason and source topic/partition/offset, instead of a crash or a silent skip inside
 Faust's deserializer.
 
+0. ``spans``      spans + ticks -> agent-events (OTLP trace fragments -> each call's records;
+                  :mod:`.spans_agent`, :class:`~streams.core.spans.SpanResolver`; table ``traces``)
 1. ``assemble``   agent-events + ticks  -> trajectories, decisions, late-events
                   (:class:`~streams.core.assemble.Assembler`; tables ``pending``, ``closed``)
 2. ``reward``     trajectories + user-feedback + ticks (+ verdicts) -> rewarded (+ judge-requests)
@@ -16,7 +18,7 @@ Faust's deserializer.
                   (only with a reward function that needs the LLM judge;
                   :func:`streams.io.judge.judge`, :mod:`streams.core.judge`)
 3. ``feedback``   rewarded -> POST /feedback, one per distinct step reward
-                  (:func:`streams.core.feedback.feedback_requests`,
+                  (:func:`streams.core.feedback.deliver`, as in replay;
                   :func:`streams.io.trinity.retrying`) -> ledger
 4. ``ledger``     ledger (acks + ticks) -> windows, alerts, POST /commit, commits
                   (:class:`~streams.core.ledger_stage.LedgerStage` and
@@ -57,7 +59,7 @@ from ..core.assemble import Assembler
 from ..core.clock import wall_clock
 from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
-from ..core.feedback import FeedbackRequest, feedback_requests
+from ..core.feedback import FeedbackRequest, deliver
 from ..core.judge import JudgeAnswerError
 from ..core.ledger import CommitPlan, due_commit, is_held
 from ..core.ledger_stage import LedgerStage
@@ -73,11 +75,12 @@ from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
+    Comparison,
     DriftAlert,
-    FeedbackAck,
     JudgeRequest,
     LedgerState,
     RewardedTrajectory,
+    RoutingShare,
     SelectionDecision,
     Tick,
     WindowSummary,
@@ -89,7 +92,7 @@ from ..observe.web import ObserveServer
 from ..settings import RECORD_HEADROOM, Settings
 from ..topics import Topics
 from ..wire import TopicFraming
-from . import handover
+from . import handover, spans_agent
 from .config import judge_of, ledger_config_of, limits_of
 from .producing import install_idempotence, raw_schema
 
@@ -131,7 +134,7 @@ class TableStore:
 def source_of(event: Any) -> Source:
     """The core's view of a Faust event."""
     msg = event.message
-    return Source(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+    return Source.read(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
 
 
 class Pipeline:
@@ -192,6 +195,7 @@ class Pipeline:
             app_id=settings.app_id,
             inputs=(
                 t.agent_events,
+                t.spans,
                 t.ticks,
                 t.trajectories,
                 t.user_feedback,
@@ -291,6 +295,8 @@ class Pipeline:
         self.t_alerts = raw_topic(t.alerts, 1)
         self.t_judge_requests = raw_topic(t.judge_requests, n)
         self.t_verdicts = raw_topic(t.verdicts, n)
+        self.t_comparisons = raw_topic(t.comparisons, 1)
+        self.t_routing = raw_topic(t.routing, 1)
         self.pending = raw_table("pending", n)
         self.closed = raw_table("closed", n)
         self.awaiting = raw_table("awaiting", n)
@@ -322,6 +328,10 @@ class Pipeline:
         async def assemble(stream: faust.StreamT) -> None:
             async for event in stream.events():
                 await self._guard("assemble", event, self.assembler.on_record)
+
+        # 0. spans: OTLP trace fragments -> each call's records on agent-events (spans_agent)
+        self.t_agent_events = self.t_events  # the stage's output topic, by the core's name
+        self.span_resolver = spans_agent.install(self, app, raw_table)
 
         # 2. reward: trajectory (+ user feedback, within the grace period, + the judge's
         # verdict) -> rewarded; a judge request once per call that needs a verdict
@@ -398,6 +408,7 @@ class Pipeline:
             # changed them meanwhile
             self.assembler.reset()
             self.reward_join.reset()
+            self.span_resolver.reset()
 
         @app.on_before_shutdown.connect
         async def _final(app: faust.App, **_: Any) -> None:
@@ -476,6 +487,10 @@ class Pipeline:
             self.metrics.window(record)
         elif isinstance(record, DriftAlert):
             self.metrics.drift_alert(record)
+        elif isinstance(record, Comparison):
+            self.metrics.comparison(record)
+        elif isinstance(record, RoutingShare):
+            self.metrics.routing(record)
 
     async def _reject(self, reject: Reject) -> None:
         record = dead_letter(
@@ -562,40 +577,35 @@ class Pipeline:
             out.reject(Reject("feedback", str(exc) or type(exc).__name__, type(exc).__name__, src))
             await self._send(out)
 
-    async def _feedback(self, src: Source) -> None:
-        rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
-        # one request per distinct step reward (one in the common case); all acknowledged
-        # before the trajectory's one acknowledgement goes to the ledger
-        requests = feedback_requests(rewarded)
+    async def send_feedback(self, request: FeedbackRequest, what: str) -> int:
+        """The feedback stage's port (:class:`~streams.core.feedback.FeedbackPort`): one
+        request under the one retry policy, at most ``trinity.max_connections`` at once; a
+        rejection or giving up is a :class:`RecordError` (a dead letter with the reason)."""
 
         def retried() -> None:
             self.stats["feedback.retries"] += 1
             self.metrics.feedback_retry()
 
-        started = time.monotonic()
-        attempts = 0
-        for request in requests:
-
-            async def send(request: FeedbackRequest = request) -> None:
-                async with self._http_slots:
-                    await self.trinity.feedback(
-                        request.msg_ids, request.reward, request.task_id, request.run_id
-                    )
-
-            try:
-                tries, _ = await retrying(
-                    send, self.retry, f"feedback for {rewarded.call_id}", on_retry=retried
+        async def send() -> None:
+            async with self._http_slots:
+                await self.trinity.feedback(
+                    request.msg_ids, request.reward, request.task_id, request.run_id
                 )
-            except TrinityGaveUp as exc:
-                raise RecordError(str(exc)) from exc
-            except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
-                raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
-            attempts = max(attempts, tries)
+
+        try:
+            tries, _ = await retrying(send, self.retry, what, on_retry=retried)
+        except TrinityGaveUp as exc:
+            raise RecordError(str(exc)) from exc
+        except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
+            raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
+        return tries
+
+    async def _feedback(self, src: Source) -> None:
+        rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
+        started = time.monotonic()
+        ack = await deliver(rewarded, self.send_feedback, utcnow)
         self.stats["feedback.acked"] += 1
         self.metrics.feedback_acked(time.monotonic() - started)
-        ack = FeedbackAck(
-            rewarded=rewarded, acked_at=utcnow(), attempts=attempts, feedbacks=len(requests)
-        )
         await self.t_ledger.send(
             key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
         )
@@ -711,7 +721,7 @@ class Pipeline:
             return []
         finally:
             await reader.stop()
-        return [Source(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
+        return [Source.read(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
 
 
 class ObservedTrinity:

@@ -12,15 +12,23 @@ import functools
 import heapq
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..codec import SchemaRegistry
-from ..core.backfill import CommitPacer, ack_key, commit_key, ledger_key, read_ledger
+from ..core.backfill import (
+    CommitPacer,
+    FeedbackPlan,
+    ack_key,
+    commit_key,
+    ledger_key,
+    read_ledger,
+)
 from ..core.commits import resolve_commit, write_ahead_commit
-from ..core.feedback import feedback_requests
+from ..core.feedback import FeedbackRequest, deliver
 from ..core.judge import failed_verdict
 from ..core.ledger import CommitPlan
 from ..core.retry import RetryPolicy
@@ -28,20 +36,20 @@ from ..errors import BrokerError, ConfigError, TrinityError, TrinityRejected
 from ..export.dataset import EXPORT_SCHEMA_VERSION
 from ..export.redact import Redactor
 from ..io import kafka
-from ..models import CommitRecord, FeedbackAck, JudgeVerdict, LedgerState, utcnow
+from ..models import CommitRecord, JudgeRequest, JudgeVerdict, LedgerState, utcnow
 from ..topics import Topics
 from .replay_options import ReplayError, ReplayOptions
-from .replay_report import Distribution, progress
+from .replay_report import Distribution, ReplayResult, progress
+from .replay_runner import ReplayRunner, SourceRecord
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from ..io.trinity import TrinityClient
     from ..settings import Settings
-    from .replay import ReplayResult, ReplayRunner
 
 __all__ = [
-    "SourceRecord",
+    "Sent",
     "ask_judge",
     "manifest",
     "read_range",
@@ -50,18 +58,6 @@ __all__ = [
     "resolve_range",
     "send_to_trinity",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One input record as read from Kafka: which input it came from, where, when, and bytes."""
-
-    kind: Literal["event", "feedback"]
-    partition: int
-    offset: int
-    timestamp: datetime
-    key: bytes | None
-    value: bytes
 
 
 async def resolve_range(
@@ -178,23 +174,24 @@ async def fetch(
         raise ReplayError(str(exc)) from exc
 
 
+async def _whole(consumer: Any, topic: str, partitions: list[int]) -> list[Any]:
+    try:
+        return await kafka.read_whole(consumer, topic, partitions)
+    except BrokerError as exc:
+        raise ReplayError(str(exc)) from exc
+
+
 async def read_replayed(
     consumer: Any, existing: dict[str, list[int]], topic: str, rid: str, codec: SchemaRegistry
 ) -> tuple[set[str], int, LedgerState | None]:
     """What ``<p>.replayed`` says of replay ``rid`` (see :func:`read_ledger`), and its commit
     ledger."""
-    from aiokafka import TopicPartition
 
     if topic not in existing:
         return set(), 0, None
-    tps = [TopicPartition(topic, p) for p in existing[topic]]
-    first = await consumer.beginning_offsets(tps)
-    last = await consumer.end_offsets(tps)
-    ranges = {tp: (first[tp], last[tp]) for tp in tps if last[tp] > first[tp]}
-    if not ranges:
+    messages = await _whole(consumer, topic, existing[topic])
+    if not messages:
         return set(), 0, None
-    fetched = await fetch(consumer, ranges, lambda n: None)
-    messages = [m for tp in sorted(fetched) for m in fetched[tp]]
     acknowledged, uncommitted = read_ledger((m.key for m in messages), rid)
     key = ledger_key(rid)
     ledgers = [m.value for m in messages if m.key == key and m.value]
@@ -202,24 +199,36 @@ async def read_replayed(
     return acknowledged, uncommitted, ledger
 
 
+@dataclass(slots=True)
+class Sent:
+    """What :func:`send_to_trinity` did: feedback sent, acknowledged, rejected (call id, why),
+    and the commits Trinity took."""
+
+    sent: int = 0
+    acked: int = 0
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    commits: int = 0
+
+
 async def send_to_trinity(
     settings: Settings,
     bootstrap: str,
     client_id: str,
     rid: str,
-    result: ReplayResult,
+    plan: FeedbackPlan,
+    ledger: LedgerState | None,
     pacer: CommitPacer,
     console: Console,
     trinity_factory: Callable[[], TrinityClient] | None,
     codec: SchemaRegistry,
-) -> None:
+) -> Sent:
     """Feedback for every planned trajectory, each acknowledgement recorded on
     ``<p>.replayed`` before the commit that carries it; commits by the protocol of
     :mod:`streams.core.commits` (the replay's :class:`~streams.models.LedgerState` under
-    ``<replay_id>#ledger`` is the write-ahead record)."""
+    ``<replay_id>#ledger``, ``ledger`` as read, is the write-ahead record)."""
     from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 
-    assert result.plan is not None
+    result = Sent()
     topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).replayed
     security = settings.kafka.security
     await kafka.ensure_compacted(
@@ -232,7 +241,7 @@ async def send_to_trinity(
     producer = kafka.producer(bootstrap, security, client_id=client_id)
     trinity = (trinity_factory or (lambda: TrinityClient.from_settings(settings.trinity)))()
     policy = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
-    state = result.ledger.model_copy(deep=True) if result.ledger else LedgerState()
+    state = ledger.model_copy(deep=True) if ledger else LedgerState()
 
     async def retried(call: Callable[[], Any], what: str) -> tuple[int, Any]:
         try:
@@ -307,35 +316,28 @@ async def send_to_trinity(
             pacer.pending = 0
 
         with progress(console) as bar:
-            task = bar.add_task("feedback to Trinity", total=len(result.plan.send))
-            for rewarded in result.plan.send:
+            task = bar.add_task("feedback to Trinity", total=len(plan.send))
+            async def send(request: FeedbackRequest, what: str) -> int:
+                call = functools.partial(
+                    trinity.feedback,
+                    request.msg_ids,
+                    request.reward,
+                    request.task_id,
+                    request.run_id,
+                )
+                return (await retried(call, what))[0]
+
+            for rewarded in plan.send:
                 result.sent += 1
-                requests = feedback_requests(rewarded)  # one per distinct step reward
-                attempts = 0
-                try:
-                    for request in requests:
-                        send = functools.partial(
-                            trinity.feedback,
-                            request.msg_ids,
-                            request.reward,
-                            request.task_id,
-                            request.run_id,
-                        )
-                        tries, _ = await retried(send, f"feedback for {rewarded.call_id}")
-                        attempts = max(attempts, tries)
+                try:  # the live feedback stage's own step (one request per distinct reward)
+                    ack = await deliver(rewarded, send, utcnow)
                 except TrinityRejected as exc:
                     result.rejected.append((rewarded.call_id, str(exc)))
                     bar.advance(task)
                     continue
                 result.acked += 1
                 batch.append(rewarded.reward)
-                batch_requests.append(len(requests))
-                ack = FeedbackAck(
-                    rewarded=rewarded,
-                    acked_at=utcnow(),
-                    attempts=attempts,
-                    feedbacks=len(requests),
-                )
+                batch_requests.append(ack.feedbacks)
                 recorded.append(
                     await producer.send(
                         topic, key=ack_key(rid, rewarded.trajectory_id), value=codec.encode(ack)
@@ -352,6 +354,7 @@ async def send_to_trinity(
     finally:
         await producer.stop()
         await trinity.aclose()
+    return result
 
 
 def manifest(
@@ -400,43 +403,37 @@ async def read_verdicts(
 ) -> list[tuple[int, bytes | None, bytes]]:
     """Every record of ``<p>.verdicts`` (partition, key, value), in offset order per partition
     (none when the topic does not exist)."""
-    from aiokafka import TopicPartition
 
     if topic not in existing:
         return []
-    tps = [TopicPartition(topic, p) for p in existing[topic]]
-    first = await consumer.beginning_offsets(tps)
-    last = await consumer.end_offsets(tps)
-    ranges = {tp: (first[tp], last[tp]) for tp in tps if last[tp] > first[tp]}
-    if not ranges:
-        return []
-    fetched = await fetch(consumer, ranges, lambda n: None)
-    return [(m.partition, m.key, m.value or b"") for tp in sorted(fetched) for m in fetched[tp]]
+    return [
+        (m.partition, m.key, m.value or b"") for m in await _whole(consumer, topic, existing[topic])
+    ]
 
 
 async def ask_judge(
     settings: Settings,
     bootstrap: str,
-    core: ReplayRunner,
+    requests: list[JudgeRequest],
+    partition_of: Callable[[str], int | None],
     console: Console,
     codec: SchemaRegistry,
-) -> list[JudgeVerdict]:
+) -> tuple[list[JudgeVerdict], Counter[str]]:
     """Verdicts for the calls the range needs and ``<p>.verdicts`` did not have: asked (and
-    recorded there, so that the next replay and the workers reuse them), or, with
-    ``reward.judge.replay_missing = dead_letter``, verdicts without a score."""
+    recorded there, on the partition ``partition_of(call_id)`` says, so that the next replay
+    and the workers reuse them), or, with ``reward.judge.replay_missing = dead_letter``,
+    verdicts without a score; with the counts (``judge.asked``, ``judge.not_asked``)."""
     from ..io.judge import JudgeClient, judge, policy_of
 
     j = settings.reward.judge
-    requests = list(core.judge_requests.values())
     if j.replay_missing == "dead_letter":
         reason = (
             "no verdict on the verdicts topic for this call, and reward.judge.replay_missing "
             "is dead_letter"
         )
-        core.stats["judge.not_asked"] += len(requests)
-        return [failed_verdict(r, reason, "", 0, utcnow()) for r in requests]
+        failed = [failed_verdict(r, reason, "", 0, utcnow()) for r in requests]
+        return failed, Counter({"judge.not_asked": len(requests)})
     console.print(f"asking the judge for {len(requests)} call(s) without a stored verdict")
-    core.stats["judge.asked"] += len(requests)
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
     client = JudgeClient.from_settings(j)
     policy = policy_of(j)
@@ -465,7 +462,7 @@ async def ask_judge(
     await producer.start()
     try:
         for verdict in verdicts:
-            partition = core.partition_of(verdict.call_id)
+            partition = partition_of(verdict.call_id)
             await producer.send_and_wait(
                 topics.verdicts,
                 codec.encode(verdict),
@@ -474,4 +471,4 @@ async def ask_judge(
             )
     finally:
         await producer.stop()
-    return verdicts
+    return verdicts, Counter({"judge.asked": len(requests)})

@@ -11,13 +11,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ..errors import ConfigError, TrajstreamError
+from ..errors import ConfigError, ReplayError
 
 __all__ = ["OffsetRange", "ReplayError", "ReplayOptions", "parse_offsets", "parse_time"]
-
-
-class ReplayError(TrajstreamError):
-    """A replay cannot run or finish (an empty range, Trinity gone for too long)."""
 
 
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")

@@ -1,7 +1,8 @@
-"""How a replay reports: reward distributions, the A/B comparison of two reward functions, the
-progress bar and the summary table.
+"""How a replay reports: what it did (:class:`ReplayResult`), reward distributions, the A/B
+comparison of two reward functions, the progress bar and the summary table.
 
-May import: the standard library, rich, the core, :mod:`streams.runtime.replay_options`.
+May import: the standard library, rich, the core, the top-level modules, :mod:`streams.export`,
+:mod:`streams.runtime.replay_options` and :mod:`streams.runtime.replay_runner`.
 """
 
 from __future__ import annotations
@@ -9,18 +10,27 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.backfill import Outcome
+from ..core.backfill import FeedbackPlan, Outcome
+from ..export.dataset import ExportFile
+from ..models import LedgerState
 from .replay_options import ReplayOptions
+from .replay_runner import ReplayRunner
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .replay import ReplayResult
-
-__all__ = ["Comparison", "Distribution", "compare", "print_comparison", "print_summary", "progress"]
+__all__ = [
+    "Comparison",
+    "Distribution",
+    "ReplayResult",
+    "compare",
+    "print_comparison",
+    "print_summary",
+    "progress",
+]
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,31 @@ def progress(console: Console) -> Any:
         transient=False,
         disable=not console.is_terminal,
     )
+
+
+@dataclass
+class ReplayResult:
+    """What a replay did, for the summary and for tests."""
+
+    replay_id: str
+    core: ReplayRunner
+    source: dict[str, Any]
+    dry_run: bool
+    records: int = 0
+    acknowledged_before: int = 0
+    uncommitted_before: int = 0
+    """Acknowledged by an interrupted run of this replay and not committed: committed now."""
+    plan: FeedbackPlan | None = None
+    sent: int = 0
+    acked: int = 0
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    commits: int = 0
+    exports: list[ExportFile] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+    redactions: dict[str, Any] | None = None
+    comparison: Comparison | None = None
+    ledger: LedgerState | None = None
+    """This replay's commit ledger as ``<p>.replayed`` had it (None: it never committed)."""
 
 
 def _fmt(value: float | None) -> str:

@@ -38,11 +38,20 @@ def env(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> dict[str, str]:
         "TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
         "TRAJSTREAM_KAFKA__TOPIC_PREFIX": prefix,
         "TRAJSTREAM_DATA_DIR": str(tmp_path / "data"),
+        "TRAJSTREAM_OBSERVE__PORT": "0",  # a worker started here never takes the fixed 9640
     }
 
 
-async def test_produce_publishes_a_valid_file_keyed_by_call_id(env, kafka_bootstrap, prefix):
-    result = _run(["produce", str(REPO_ROOT / "examples" / "events.jsonl")], env)
+@pytest.mark.parametrize("given", ["file", "directory"])
+async def test_produce_publishes_a_valid_file_keyed_by_call_id(
+    env, kafka_bootstrap, prefix, tmp_path, given
+):
+    example = REPO_ROOT / "examples" / "events.jsonl"
+    if given == "directory":  # a directory: its .jsonl files
+        (tmp_path / "in").mkdir()
+        (tmp_path / "in" / "events.jsonl").write_bytes(example.read_bytes())
+        (tmp_path / "in" / "notes.txt").write_text("not events", encoding="utf-8")
+    result = _run(["produce", str(example if given == "file" else tmp_path / "in")], env)
     assert result.returncode == 0, result.stderr
     assert "published 6 event(s)" in result.stdout
     events = await read_topic(

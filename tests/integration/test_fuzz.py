@@ -6,7 +6,8 @@ by the deployment's own workers. Hypothesis draws a mix of what can reach the tw
 random bytes, bytes that look like Avro single-object encoding, well-formed records of every type
 (most of which do not belong there: trajectories and rewards that would inject training data,
 clock ticks dated far ahead, acknowledgements, ledger states), events keyed by something other
-than their call id, and events dated in the year 2100. Among them run a few honest calls.
+than their call id or by no key, tombstones (records without a value), and events dated in the
+year 2100. Among them run a few honest calls.
 """
 
 from __future__ import annotations
@@ -69,12 +70,15 @@ def _forged(record: AvroModel) -> AvroModel:
     return type(record).model_validate(data)
 
 
+keys = st.sampled_from([b"k", b"call-1", b""])  # aiokafka sends no record without both
 garbage = st.one_of(
     st.binary(min_size=0, max_size=300).map(lambda b: ("bytes", b, b"k")),
     st.binary(min_size=8, max_size=200).map(lambda b: ("avro-like", b"\xc3\x01" + b, b"k")),
+    # a tombstone (a record without a value), keyed or not
+    keys.map(lambda k: ("tombstone", None, k)),
     st.tuples(
         st.sampled_from(sorted(SAMPLES, key=lambda t: t.__name__)),
-        st.sampled_from([b"call-1", b"call-2", b""]),
+        st.sampled_from([b"call-1", b"call-2", b"", None]),
     ).map(lambda tk: ("record", CODEC.encode(_forged(SAMPLES[tk[0]])), tk[1])),
 )
 
@@ -169,7 +173,7 @@ class _Letters:
         return wanted - self.seen.keys()
 
 
-async def _publish(bootstrap: str, items: list[tuple[str, bytes, bytes]]) -> set:
+async def _publish(bootstrap: str, items: list[tuple[str, bytes | None, bytes | None]]) -> set:
     """Publish ``(topic, value, key)`` items; the places of those no agent may publish."""
     rejected = set()
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
@@ -218,6 +222,9 @@ def test_fuzzed_input_topics(kafka_bootstrap, prefix, workers):
                 for t in topics
             ]
             first.append((topics[0], CODEC.encode(future), b"future-call"))
+            # a tombstone on each input topic, one keyed by an open call, and events without a key
+            first += [(topics[0], None, open_call.encode()), (topics[1], None, b"")]
+            first += [(t, CODEC.encode(SAMPLES[AgentCall]), None) for t in topics]
             missing = loop.run(letters.wait_for(loop.run(_publish(kafka_bootstrap, first)), 60))
             assert not missing, f"rejected without a dead letter: {missing}"
 
@@ -263,7 +270,7 @@ def test_fuzzed_input_topics(kafka_bootstrap, prefix, workers):
             loop.run(standin.stop())
 
 
-def _belongs(value: bytes, key: bytes, topic: str) -> bool:
+def _belongs(value: bytes | None, key: bytes | None, topic: str) -> bool:
     """Whether ``value`` is a record an agent may publish on ``topic``, keyed by its call."""
     try:
         record = CODEC.decode(value)

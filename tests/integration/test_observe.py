@@ -135,7 +135,7 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
             assert ready is None or ready.status_code == 503, ready
             await asyncio.sleep(0.2)
         assert ready is not None and ready.status_code == 200, "the worker never became ready"
-        assert ready.json()["assigned_partitions"] == 4 * 5 + 1  # 5 keyed inputs + the ledger
+        assert ready.json()["assigned_partitions"] == 4 * 6 + 1  # 6 keyed inputs + the ledger
         alive = await get("/healthz")
         assert alive is not None and alive.status_code == 200
 

@@ -46,8 +46,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def otlp_url(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> Iterator[str]:
-    """``trajstream otlp`` as a process, on a free port; its URL."""
-    with otlp_process(kafka_bootstrap, prefix, tmp_path) as url:
+    """``trajstream otlp`` as a process, on a free port, mapping per export (``otlp.resolve =
+    export``: a trace sent again after its call closed is recorded as late); its URL. The
+    default, ``trace``, is tested in ``test_otlp_spans``."""
+    with otlp_process(kafka_bootstrap, prefix, tmp_path, TRAJSTREAM_OTLP__RESOLVE="export") as url:
         yield url
 
 

@@ -4,10 +4,9 @@ attributes between the agent span and its model and tool spans (the workflow, ch
 spans of LangChain, CrewAI and the Agents SDK), and a tool span exported after its agent span.
 
 - ``test_steps_join_their_agent_call_whatever_the_export_boundaries``: ``trajstream otlp`` and
-  a worker with their default settings; it must give one call with every step and no stray
-  call. It fails today (the per-export mapping names a call after the plain span, and the
-  agent's call closes with no step): it is marked ``xfail(strict=True)`` until the worker runs
-  the span-resolution stage (issue 21, part 2), which then makes it pass and the marker go.
+  a worker with their default settings (``otlp.resolve = trace``: the worker's span-resolution
+  stage joins the trace): one call with every step, the late audit span included, no stray
+  call, and one /feedback naming exactly the chat completions the stand-in served.
 - ``test_the_trace_mode_ingest_publishes_fragments_that_resolve_to_one_call``: the ingest with
   ``otlp.resolve = trace`` publishes every span to ``<p>.spans`` keyed by trace id; the
   fragments read back from the broker, run through the span-resolution stage and the assemble
@@ -100,11 +99,6 @@ class NestedAgent:
         return ids
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the worker does not run the span-resolution stage yet (issue 21, part 2): a plain "
-    "span between agent and steps gives a stray call and an agent call without steps",
-)
 async def test_steps_join_their_agent_call_whatever_the_export_boundaries(
     kafka_bootstrap: str, prefix: str, standin: StandIn, workers: Any, tmp_path: Path
 ) -> None:

@@ -78,6 +78,7 @@ def cli_env(prefix: str, tmp_path: Path, **settings: str) -> dict[str, str]:
         TRAJSTREAM_APP_ID=prefix,
         TRAJSTREAM_DATA_DIR=str(tmp_path / "data"),
         TRAJSTREAM_CACHE_DIR=str(CACHE_DIR),
+        TRAJSTREAM_OBSERVE__PORT="0",  # never the fixed default 9640: the host is shared
         PYTHONUNBUFFERED="1",
         **settings,
     )

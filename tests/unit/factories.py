@@ -11,6 +11,7 @@ from typing import Any
 
 from streams.models import (
     AgentCall,
+    AgentRollout,
     AvroModel,
     AwaitingReward,
     CallPhase,
@@ -20,6 +21,7 @@ from streams.models import (
     CommitHold,
     CommitRecord,
     CommitResume,
+    Comparison,
     Completion,
     DeadLetter,
     DriftAlert,
@@ -33,6 +35,8 @@ from streams.models import (
     PendingEvent,
     PendingEvents,
     RewardedTrajectory,
+    RoutingOverride,
+    RoutingShare,
     Selection,
     SelectionDecision,
     StepKind,
@@ -181,6 +185,7 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             feedback(event_id="fb-2", kind=FeedbackKind.THUMBS, rating=None, thumbs_up=True),
         ],
         closed_reason="ended",
+        upstream="trinity",
     )
     records: dict[type[AvroModel], AvroModel] = {
         ToolCall: ToolCall(id="call_1", name="search", arguments='{"q": "paris"}'),
@@ -223,6 +228,7 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             labels=["gold"],
             metadata={"k": "v"},
             run_id=2,
+            upstream="production",
         ),
         FeedbackAck: FeedbackAck(rewarded=rewarded(), acked_at=at(5), attempts=3),
         Tick: Tick(at=at(7.123), source="worker-1", final=True),
@@ -239,6 +245,7 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             success_rate=2 / 3,
             late=1,
             emitted_at=at(75),
+            upstream="production",
         ),
         CommitRecord: CommitRecord(
             commit_seq=7,
@@ -314,6 +321,7 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
                     min=0.5,
                     max=1.0,
                     successes=1,
+                    upstream="trinity",
                 ),
                 WindowAccumulator(agent_name="-", model="-", window_start=at(60)),
             ],
@@ -339,6 +347,33 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
                     window_start=T0,
                     mean=0.2,
                     since=at(61),
+                    reason="rollback",
+                )
+            ],
+            arm_windows=[
+                WindowAccumulator(
+                    agent_name="researcher",
+                    model="*",
+                    window_start=T0,
+                    count=4,
+                    mean=0.5,
+                    m2=0.2,
+                    min=0.0,
+                    max=1.0,
+                    successes=3,
+                    upstream="production",
+                )
+            ],
+            rollout=[
+                AgentRollout(
+                    agent_name="researcher",
+                    share=0.2,
+                    version=3,
+                    wins=1,
+                    losses=0,
+                    pinned=True,
+                    rolled_back=False,
+                    updated_at=at(62),
                 )
             ],
         ),
@@ -398,7 +433,59 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
     assert isinstance(verdict, JudgeVerdict)
     records[StoredVerdict] = StoredVerdict(partition=2, stored_at=at(7), verdict=verdict)
     records.update(_span_records())
+    records.update(_rollout_records())
     return records
+
+
+def comparison(**kw: Any) -> Comparison:
+    fields: dict[str, Any] = {
+        "agent_name": "researcher",
+        "span": "window",
+        "window_start": T0,
+        "window_end": at(60),
+        "policy_count": 40,
+        "policy_mean": 0.7,
+        "policy_stddev": 0.2,
+        "production_count": 160,
+        "production_mean": 0.5,
+        "production_stddev": 0.25,
+        "difference": 0.2,
+        "lower": 0.12,
+        "upper": 0.28,
+        "level": 0.95,
+        "df": 70.3,
+        "verdict": "better",
+        "emitted_at": at(75),
+    }
+    fields.update(kw)
+    return Comparison(**fields)
+
+
+def _rollout_records() -> dict[type[AvroModel], AvroModel]:
+    """Samples of the comparison and rollout records."""
+    evidence = comparison()
+    return {
+        Comparison: evidence,
+        RoutingShare: RoutingShare(
+            agent_name="researcher",
+            share=0.3,
+            previous_share=0.2,
+            version=4,
+            effective_at=at(80),
+            decided_at=at(75),
+            action="promote",
+            reason="better with confidence for 2 windows",
+            evidence=[evidence, comparison(span="trailing", windows=3)],
+            requested_by="",
+        ),
+        RoutingOverride: RoutingOverride(
+            agent_name="researcher",
+            share=0.1,
+            requested_at=at(90),
+            requested_by="ops",
+            reason="hold it there",
+        ),
+    }
 
 
 def _span_records() -> dict[type[AvroModel], AvroModel]:

@@ -253,7 +253,8 @@ def _good() -> bytes:
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        (b"", "C3 01"),
+        (b"", "empty record"),
+        (None, "empty record"),  # a tombstone, as a Kafka client hands it over
         (b"\xc3", "C3 01"),
         (b"\xc3\x01\x00\x01", "C3 01"),  # header cut short
         (b"\xc3\x02" + _good()[2:], "C3 01"),
@@ -267,6 +268,7 @@ def _good() -> bytes:
     ],
     ids=[
         "empty",
+        "tombstone",
         "one-byte",
         "short-header",
         "wrong-magic-version",

@@ -205,6 +205,20 @@ def test_config_file_by_environment(monkeypatch: pytest.MonkeyPatch, config_file
     assert loaded.config == config_file
 
 
+def test_config_argument_wins_over_the_environment_variable(
+    monkeypatch: pytest.MonkeyPatch, config_file: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other.toml"
+    other.write_text('[selection]\nstrategy = "sampling:0.5"\n')
+    monkeypatch.setenv("TRAJSTREAM_CONFIG", str(other))
+    loaded = load_settings(config_file)
+    assert loaded.selection.strategy == "marked:120" and loaded.config == config_file
+    monkeypatch.setenv("TRAJSTREAM_CONFIG", str(tmp_path / "missing.toml"))
+    assert load_settings(config_file).selection.strategy == "marked:120"  # not even checked
+    with pytest.raises(ConfigError, match="no such file"):  # without --config it is read
+        load_settings()
+
+
 def test_environment_beats_the_file_and_keywords_beat_both(
     monkeypatch: pytest.MonkeyPatch, config_file: Path
 ) -> None:

@@ -224,3 +224,21 @@ def test_a_line_that_is_not_utf8_is_reported_with_its_number(tmp_path) -> None:
     parsed = read_events(path)
     assert [str(e) for e in parsed.errors] == ["line 2: not UTF-8: byte 0xe9 at column 33"]
     assert [e.event_id for e in parsed.events] == ["e1", "e2"]
+
+
+def test_input_files_are_the_files_and_the_jsonl_files_of_directories(tmp_path) -> None:
+    from streams.capture.produce import input_files
+    from streams.errors import ConfigError
+
+    d = tmp_path / "captured"
+    d.mkdir()
+    for name in ("b.jsonl", "a.jsonl", "notes.txt"):
+        (d / name).write_text("", encoding="utf-8")
+    single = tmp_path / "one.json"
+    single.write_text("", encoding="utf-8")
+    assert input_files([d, single]) == [d / "a.jsonl", d / "b.jsonl", single]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"holds no \.jsonl file"):
+        input_files([tmp_path / "empty"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        input_files([tmp_path / "missing.jsonl"])

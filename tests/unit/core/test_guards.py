@@ -107,3 +107,28 @@ def test_max_bytes_must_fit_in_a_record() -> None:
         load_settings(assembly={"max_bytes": 1_000_000})
     load_settings(assembly={"max_bytes": 1_000_000}, kafka={"max_record_bytes": 2_000_000})
     assert load_settings().assembly.max_bytes + RECORD_HEADROOM <= 1_000_000
+
+
+@pytest.mark.parametrize("topic", ["agent-events", "user-feedback"])
+@pytest.mark.parametrize("key", [b"c9", None])
+def test_a_tombstone_on_an_input_topic_is_a_dead_letter_with_its_reason(
+    topic: str, key: bytes | None
+) -> None:
+    # a Kafka client hands a record without a value over as None (and a key may be None too)
+    core = Core()
+    record = feedback("c9") if topic == "user-feedback" else start("c9")
+    read = core.source(topic, record)
+    src = Source.read(read.topic, read.partition, read.offset, key, None)
+    stage = core.join if topic == "user-feedback" else core.assembler
+    out = stage.on_record(src, T0)
+    [reject] = out.rejects
+    assert "tombstone" in reject.reason and not out.emits
+    letter = dead_letter(reject, T0, "w", "t", max_payload=1000)
+    assert letter.payload == b"" and letter.key == key and "tombstone" in letter.reason
+
+
+def test_a_dead_letter_of_a_value_none_source_does_not_fail() -> None:
+    # however a record without a value reaches it, the dead letter is made
+    src = Source("t.agent-events", 0, 3, None, None)  # type: ignore[arg-type]
+    letter = dead_letter(Reject("assemble", "bad", "X", src), T0, "w", "t", max_payload=10)
+    assert letter.payload == b"" and letter.key is None and letter.source_offset == 3

@@ -343,11 +343,35 @@ def test_same_millisecond_steps_resolved_together_keep_distinct_seqs() -> None:
     store = MemoryStore()
     resolver = SpanResolver(limits=LIMITS, store=store, codec=CODEC)
     out = resolver.on_fragment(fragment, 0, NOW)
-    assert sorted(r.seq for r in out.records(AGENT_EVENTS) if isinstance(r, Completion)) == [
-        1000,
-        1001,
-        1002,
-    ]
+    emitted = [r for r in out.records(AGENT_EVENTS) if isinstance(r, Completion)]
+    assert len({r.seq for r in emitted}) == 3
+    assert all(r.seq >> 4 == 1000 >> 4 for r in emitted)  # still that millisecond
+
+
+def test_steps_started_in_one_millisecond_are_ordered_by_their_end() -> None:
+    """The tie bits come from the span ids (random): a tool span and the chat right after it,
+    started in one millisecond, must not swap (as test_otlp saw with the real SDK)."""
+    run = agent_run()
+    (fragment,) = fragment_request(export(run.spans), NOW).fragments
+    steps = [s.step for s in fragment.spans if s.step is not None]
+    ended = [s.event_time for s in steps]
+    assert ended == sorted(ended) and len(set(ended)) == len(ended)
+    for tie, step in zip((9, 3, 1), steps, strict=True):  # tie bits against the end order
+        assert step is not None
+        step.seq = (500 << 4) | tie
+    resolver = SpanResolver(limits=LIMITS, store=MemoryStore(), codec=CODEC)
+    out = resolver.on_fragment(fragment, 0, NOW)
+    emitted = [r for r in out.records(AGENT_EVENTS) if isinstance(r, Completion)]
+    by_seq = sorted(emitted, key=lambda r: r.seq)
+    assert [r.event_time for r in by_seq] == ended
+    assert [r.seq for r in by_seq] == [500 << 4, (500 << 4) | 1, (500 << 4) | 2]
+
+
+def test_the_tie_bits_are_those_of_the_ingest() -> None:
+    from streams.capture import otlp
+    from streams.core import spans
+
+    assert spans.TIE_BITS == otlp._TIE_BITS
 
 
 def test_bad_records_on_the_spans_topic_are_dead_letters_and_ticks_move_the_clock() -> None:

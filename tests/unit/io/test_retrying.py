@@ -72,3 +72,30 @@ def test_giving_up_says_how_long_and_how_often() -> None:
 def test_the_decision(elapsed: float, delay: float, retry: bool) -> None:
     decision = RetryPolicy(max_age=10).decide(3, elapsed, delay, "503")
     assert (not isinstance(decision, GiveUp)) == retry
+
+
+def test_one_loop_for_every_service_counting_the_age_from_where_it_is_told() -> None:
+    # the judge's age runs from its request's requested_at: 50 s old already, max_age 60
+    from streams.errors import JudgeGaveUp, JudgeRejected, JudgeUnavailable
+    from streams.io.retrying import retrying as generic
+
+    fake = Fake([JudgeUnavailable("503", body="busy")] * 100)
+    policy = RetryPolicy(max_age=60, base=4, cap=4, service="the judge")
+    with pytest.raises(JudgeGaveUp) as gave_up:
+        asyncio.run(
+            generic(
+                fake.call,
+                policy,
+                "judge",
+                gave_up=JudgeGaveUp,
+                sleep=fake.sleep,
+                elapsed=lambda: 50 + fake.now,
+            )
+        )
+    # attempts at ages 50, ~54, ~58: the next would start after 60
+    assert gave_up.value.attempts == 3 and gave_up.value.body == "busy"
+    assert "the judge unavailable for 60s" in str(gave_up.value)
+    fake = Fake([JudgeRejected("400")])
+    with pytest.raises(JudgeRejected):
+        asyncio.run(generic(fake.call, policy, "judge", sleep=fake.sleep))
+    assert fake.slept == []

@@ -159,3 +159,36 @@ def test_readiness_needs_assigned_input_partitions_and_recovered_tables():
     m.partitions_assigned([("p-x-__assignor-__leader", 0)])  # nothing of ours
     m.tables_recovered()
     assert not m.ready
+
+
+def test_a_comparison_and_a_routing_change_are_exposed():
+    from streams.models import RoutingShare
+    from tests.unit.factories import comparison, sample_records
+
+    m = Metrics(worker="w", app_id="a", clock=lambda: 100.0)
+    m.comparison(comparison(agent_name="support", span="trailing"))
+    m.comparison(comparison(agent_name="other", policy_mean=None, policy_count=1, difference=None))
+    change = sample_records()[RoutingShare]
+    assert isinstance(change, RoutingShare)
+    m.routing(change)
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(m.exposition().decode())
+        for s in f.samples
+        if s.name.startswith(("trajstream_compare", "trajstream_routing"))
+    }
+    assert (
+        got[("trajstream_compare_difference", (("agent", "support"), ("span", "trailing")))] == 0.2
+    )
+    lower = ("trajstream_compare_difference_lower", (("agent", "support"), ("span", "trailing")))
+    assert got[lower] == 0.12
+    key = (
+        "trajstream_compare_calls",
+        (("agent", "support"), ("arm", "production"), ("span", "trailing")),
+    )
+    assert got[key] == 160
+    nan = got[("trajstream_compare_difference", (("agent", "other"), ("span", "window")))]
+    assert nan != nan  # NaN: no interval
+    assert got[("trajstream_routing_share", (("agent", "researcher"),))] == 0.3
+    changes = ("trajstream_routing_changes_total", (("action", "promote"), ("agent", "researcher")))
+    assert got[changes] == 1

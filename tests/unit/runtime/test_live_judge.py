@@ -23,7 +23,7 @@ def pipeline(**reward: object) -> Pipeline:
 def test_without_a_judge_reward_nothing_of_the_judge_runs() -> None:
     p = pipeline(judge=JUDGE)  # configured, but streams.rewards:success needs no verdict
     assert p.judge_spec is None and p.verdicts is None
-    assert list(p.app.agents) == ["assemble", "reward", "feedback", "ledger"]
+    assert list(p.app.agents) == ["assemble", "spans", "reward", "feedback", "ledger"]
     assert "p.verdicts" not in p.app.agents["reward"].channel.topics  # type: ignore[attr-defined]
 
 
@@ -37,7 +37,7 @@ def test_a_judge_reward_adds_the_judge_stage_and_the_verdicts_table() -> None:
     assert p.verdicts is not None and p.reward_join.verdicts is not None
     assert any(name.endswith("-verdicts-changelog") for name in p.changelog_topics())
     assert "p.verdicts" in p.app.agents["reward"].channel.topics  # type: ignore[attr-defined]
-    assert list(p.app.agents) == ["assemble", "reward", "judge", "feedback", "ledger"]
+    assert list(p.app.agents) == ["assemble", "spans", "reward", "judge", "feedback", "ledger"]
     assert p.app.agents["judge"].channel.topics == ("p.judge-requests",)  # type: ignore[attr-defined]
 
 

@@ -1,0 +1,513 @@
+"""The gateway's Responses API and Messages API routes over real HTTP, driven by the official
+``openai`` client (``responses.create``, streamed and not, with a function tool), the official
+``anthropic`` client (``messages.create`` and ``messages.stream``, with a tool) and a real
+OpenAI Agents SDK agent (``Agent``, a ``function_tool``, ``Runner.run``) whose only change is
+its client's base URL; a real broker, the Trinity stand-in, and (route mode) a real worker.
+
+- route mode, every call selected: each call is answered by Trinity through the translation
+  to chat completions, becomes one trajectory with every model call and tool result, and
+  Trinity's ``/feedback`` carries exactly the msg_ids Trinity served (the ids inside the
+  ``resp_...`` / ``msg_...`` ids the clients got);
+- record only (nothing selected) and shadow mode: production answers, in the API's own JSON and
+  events (a small aiohttp server speaking both APIs, :class:`ApiProduction`); record only
+  records production's answer, shadow records Trinity's answer to the translated request; the
+  ``anthropic-version`` header and the configured key reach Anthropic's side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anthropic
+import openai
+import pytest
+from aiohttp import web
+
+from streams.capture.apis import (
+    ChatToMessagesStream,
+    ChatToResponsesStream,
+    chat_to_message,
+    chat_to_response,
+)
+from streams.capture.apis import messages as messages_api
+from streams.capture.apis import responses as responses_api
+from streams.capture.gateway import Gateway, build_gateway
+from streams.models import AgentCall, CallPhase, Completion, StepKind, Trajectory
+from streams.settings import load_settings
+from streams.standin import StandIn
+from streams.topics import Topics
+
+from .conftest import read_topic, wait_for
+
+pytestmark = pytest.mark.integration
+
+RESPONSES_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "lookup_order",
+        "description": "Find an order",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
+    }
+]
+MESSAGES_TOOLS: list[Any] = [
+    {
+        "name": "lookup_order",
+        "description": "Find an order",
+        "input_schema": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
+    }
+]
+
+
+class ApiProduction:
+    """A production upstream speaking the Responses and Messages APIs: each request translated
+    to the production stand-in's chat completions and its answer told back (JSON or events).
+    It keeps the headers it got."""
+
+    def __init__(self, chat_url: str) -> None:
+        self.chat_url = chat_url
+        self.headers: list[dict[str, str]] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        self.headers.append(dict(request.headers))
+        parsed = responses_api.parse_request(await request.json())
+        if parsed.stream:
+            return await self._stream(request, parsed.chat, ChatToResponsesStream(parsed))
+        completion = await self._chat(parsed.chat)
+        return web.json_response(chat_to_response(completion, parsed))
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        self.headers.append(dict(request.headers))
+        parsed = messages_api.parse_request(await request.json())
+        if parsed.stream:
+            return await self._stream(request, parsed.chat, ChatToMessagesStream(parsed))
+        completion = await self._chat(parsed.chat)
+        return web.json_response(chat_to_message(completion, parsed))
+
+    async def _chat(self, body: Any) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http, http.post(self.chat_url, json=body) as r:
+            data: dict[str, Any] = await r.json()
+            return data
+
+    async def _stream(self, request: web.Request, body: Any, told: Any) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        async with aiohttp.ClientSession() as http, http.post(self.chat_url, json=body) as r:
+            async for chunk in r.content.iter_any():
+                await response.write(told.feed(chunk))
+        await response.write(told.finish())
+        await response.write_eof()
+        return response
+
+
+@pytest.fixture
+async def production() -> AsyncIterator[tuple[StandIn, ApiProduction]]:
+    chat = StandIn(model="production-model")
+    await chat.start("127.0.0.1", 0)
+    api = ApiProduction(f"{chat.url}/v1/chat/completions")
+    await api.start()
+    try:
+        yield chat, api
+    finally:
+        await api.stop()
+        await chat.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    bootstrap: str, prefix: str, trinity_url: str, production_url: str, spill: Path, **extra: Any
+) -> AsyncIterator[Gateway]:
+    strategy = extra.pop("strategy", "sampling:1")
+    settings = load_settings(
+        kafka={"bootstrap_servers": bootstrap, "topic_prefix": prefix},
+        trinity={"url": trinity_url},
+        selection={"strategy": strategy},
+        gateway={
+            "production_url": f"{production_url}/v1",
+            "production_api_key": "sk-test-secret",
+            "anthropic_url": production_url,
+            "anthropic_api_key": "sk-ant-test-secret",
+            "spill_dir": str(spill),
+            "flush_timeout_s": 3,
+            **extra,
+        },
+    )
+    gw = build_gateway(settings)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop(flush_timeout=5)
+
+
+async def end(gw: Gateway, call_id: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/calls/{call_id}/end", json={"status": "OK"}) as r:
+            assert r.status == 202
+
+
+# -- the clients ------------------------------------------------------------------------------
+
+
+async def responses_turns(base_url: str, *, stream: bool) -> list[str]:
+    """ask -> function_call -> its output (by previous_response_id, or the items resent) ->
+    answer; the ids of the responses the client got."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="agent-key", max_retries=0)
+    question = "Where is order 42?"
+    if stream:
+        async with client.responses.stream(
+            model="agent-model",
+            instructions="You help with orders.",
+            input=question,
+            tools=RESPONSES_TOOLS,
+        ) as s:
+            first = await s.get_final_response()
+    else:
+        first = await client.responses.create(
+            model="agent-model",
+            instructions="You help with orders.",
+            input=question,
+            tools=RESPONSES_TOOLS,
+        )
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "lookup_order" and json.loads(call.arguments) == {"query": question}
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "shipped"}
+    if stream:  # the whole conversation sent again, as the Agents SDK does
+        items: list[Any] = [
+            {"role": "user", "content": question},
+            *[i.model_dump(exclude_none=True) for i in first.output],
+            output,
+        ]
+        async with client.responses.stream(
+            model="agent-model",
+            instructions="You help with orders.",
+            input=items,
+            tools=RESPONSES_TOOLS,
+        ) as s:
+            second = await s.get_final_response()
+    else:
+        second = await client.responses.create(
+            model="agent-model",
+            previous_response_id=first.id,
+            input=[output],
+            tools=RESPONSES_TOOLS,
+        )
+    assert second.output_text.startswith("stand-in reply to:")
+    return [first.id, second.id]
+
+
+async def messages_turns(base_url: str, *, stream: bool) -> list[str]:
+    """ask -> tool_use -> tool_result -> answer; the ids of the messages the client got."""
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key="agent-key", max_retries=0)
+    question = "Where is order 42?"
+    history: list[Any] = [{"role": "user", "content": question}]
+    ids = []
+    for turn in range(2):
+        kwargs: dict[str, Any] = {
+            "model": "agent-model",
+            "max_tokens": 256,
+            "system": "You help with orders.",
+            "messages": history,
+            "tools": MESSAGES_TOOLS,
+        }
+        if stream:
+            async with client.messages.stream(**kwargs) as s:
+                message = await s.get_final_message()
+        else:
+            message = await client.messages.create(**kwargs)
+        ids.append(message.id)
+        if turn == 0:
+            assert message.stop_reason == "tool_use"
+            (use,) = [b for b in message.content if b.type == "tool_use"]
+            assert use.name == "lookup_order" and use.input == {"query": question}
+            history.append({"role": "assistant", "content": [use.model_dump()]})
+            history.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "ok"}],
+                }
+            )
+        else:
+            assert message.stop_reason == "end_turn"
+            assert message.content[0].type == "text"
+    return ids
+
+
+async def agents_sdk_run(base_url: str, *, stream: bool = False) -> list[str]:
+    """A real Agents SDK agent with one function tool (``Runner.run``, or ``run_streamed``
+    with its events read); the ids of its model responses."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # its own tracing would export to OpenAI
+    looked_up: list[str] = []
+
+    @function_tool
+    def lookup_order(query: str) -> str:
+        """Find an order."""
+        looked_up.append(query)
+        return "order 42 shipped"
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="agent-key", max_retries=0)
+    agent = Agent(
+        name="orders",
+        instructions="You help with orders.",
+        tools=[lookup_order],
+        model=OpenAIResponsesModel(model="agent-model", openai_client=client),
+    )
+    if stream:
+        streamed = Runner.run_streamed(agent, "Where is order 42?")
+        kinds = {event.type async for event in streamed.stream_events()}
+        assert "raw_response_event" in kinds
+        result: Any = streamed
+    else:
+        result = await Runner.run(agent, "Where is order 42?")
+    assert looked_up == ["Where is order 42?"]
+    assert str(result.final_output).startswith("stand-in reply to:")
+    return [str(r.response_id) for r in result.raw_responses]
+
+
+def msg_id(client_id: str) -> str:
+    """Trinity's chat completion id inside the id the client got (resp_... or msg_...)."""
+    head, _, rest = client_id.partition("_")
+    assert head in ("resp", "msg") and rest.startswith("chatcmpl-"), client_id
+    return rest
+
+
+def events_of(records: list[Any], call_id: str) -> list[AgentCall | Completion]:
+    return [r for r in records if isinstance(r, AgentCall | Completion) and r.call_id == call_id]
+
+
+def check_once(events: list[AgentCall | Completion], kinds: list[str]) -> list[Completion]:
+    """One START, one END, each step once (by seq), in this order of kinds; the steps."""
+    phases = [e.phase for e in events if isinstance(e, AgentCall)]
+    assert phases.count(CallPhase.START) == 1 and phases.count(CallPhase.END) == 1, phases
+    steps = sorted((e for e in events if isinstance(e, Completion)), key=lambda s: s.seq)
+    assert len({s.seq for s in steps}) == len(steps), [s.seq for s in steps]
+    assert [s.kind.value for s in steps] == kinds
+    return steps
+
+
+# -- route mode: Trinity answers, end to end --------------------------------------------------
+
+
+async def test_route_mode_every_client_becomes_one_trajectory_and_trinity_gets_its_msg_ids(
+    kafka_bootstrap: str,
+    prefix: str,
+    standin: StandIn,
+    production: tuple[StandIn, ApiProduction],
+    workers: Any,
+    tmp_path: Path,
+) -> None:
+    workers(
+        TRAJSTREAM_TRINITY__URL=standin.url,
+        TRAJSTREAM_SELECTION__STRATEGY="sampling:1",
+        TRAJSTREAM_COMMIT__INTERVAL_S=600,
+    )
+    _, api = production
+    served: dict[str, list[str]] = {}
+    async with running_gateway(
+        kafka_bootstrap, prefix, standin.url, api.url, tmp_path / "spill"
+    ) as gw:
+        for name, run in (
+            ("responses-json", lambda b: responses_turns(f"{b}/v1", stream=False)),
+            ("responses-stream", lambda b: responses_turns(f"{b}/v1", stream=True)),
+            ("messages-json", lambda b: messages_turns(b, stream=False)),
+            ("messages-stream", lambda b: messages_turns(b, stream=True)),
+            ("agents-sdk", lambda b: agents_sdk_run(f"{b}/v1")),
+            ("agents-sdk-stream", lambda b: agents_sdk_run(f"{b}/v1", stream=True)),
+        ):
+            served[name] = [msg_id(i) for i in await run(f"{gw.url}/calls/{name}")]
+            await end(gw, name)
+        assert await gw.publisher.flush(30)
+    assert api.headers == []  # nothing went to production
+    assert set(standin.state.experiences) == {i for ids in served.values() for i in ids}
+
+    topics = Topics(prefix, 4)
+    records = await read_topic(kafka_bootstrap, topics.agent_events)
+    for name, ids in served.items():
+        steps = check_once(events_of(records, name), ["LLM", "TOOL", "LLM"])
+        assert [s.response_id for s in steps if s.kind is StepKind.LLM] == ids
+        assert {s.upstream for s in steps if s.kind is StepKind.LLM} == {"trinity"}
+        (call,) = steps[0].tool_call_details
+        assert call.name == "lookup_order" and json.loads(call.arguments) == {
+            "query": "Where is order 42?"
+        }
+        assert steps[1].tool_call_id == call.id and steps[1].tool_name == "lookup_order"
+        assert steps[0].input_messages[0].role == "system"  # instructions / system kept
+        assert steps[0].input_tokens and steps[0].output_tokens  # usage
+
+    state = standin.state
+
+    def fed_back() -> dict[tuple[str, ...], int]:
+        got: dict[tuple[str, ...], int] = {}
+        for f in state.feedback:
+            if f.status == 200:
+                key = tuple(f.body["msg_ids"])
+                got[key] = got.get(key, 0) + 1
+        return got
+
+    wanted = {tuple(ids) for ids in served.values()}
+    await wait_for(lambda: set(fed_back()) >= wanted, timeout=90, what="a /feedback per call")
+    assert set(fed_back()) == wanted and all(n == 1 for n in fed_back().values())
+    trajectories = await read_topic(kafka_bootstrap, topics.trajectories)
+    assert sorted(t.call_id for t in trajectories if isinstance(t, Trajectory)) == sorted(served)
+
+
+# -- record only and shadow: production answers ------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["record-only", "shadow"])
+async def test_production_answers_and_the_step_is_production_s_or_trinity_s_shadow(
+    kafka_bootstrap: str,
+    prefix: str,
+    standin: StandIn,
+    production: tuple[StandIn, ApiProduction],
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    chat, api = production
+    extra = {"strategy": "sampling:0"} if mode == "record-only" else {"mode": "shadow"}
+    async with running_gateway(
+        kafka_bootstrap, prefix, standin.url, api.url, tmp_path / "spill", **extra
+    ) as gw:
+        got = {
+            "responses-json": await responses_turns(f"{gw.url}/calls/r1/v1", stream=False),
+            "responses-stream": await responses_turns(f"{gw.url}/calls/r2/v1", stream=True),
+            "messages-json": await messages_turns(f"{gw.url}/calls/m1", stream=False),
+            "messages-stream": await messages_turns(f"{gw.url}/calls/m2", stream=True),
+            "agents-sdk": await agents_sdk_run(f"{gw.url}/calls/a1/v1"),
+        }
+        for call_id in ("r1", "r2", "m1", "m2", "a1"):
+            await end(gw, call_id)
+        # a call of one step on each path without a call id
+        one = await openai.AsyncOpenAI(
+            base_url=f"{gw.url}/v1", api_key="k", max_retries=0
+        ).responses.create(model="agent-model", input="hello")
+        single = await anthropic.AsyncAnthropic(
+            base_url=gw.url, api_key="k", max_retries=0
+        ).messages.create(
+            model="agent-model", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert one.output_text and single.content[0].type == "text"
+        assert await gw.publisher.flush(30)
+
+    # production's answers reached the clients: ids of the production stand-in's completions
+    production_ids = set(chat.state.experiences)
+    for ids in got.values():
+        assert {msg_id(i) for i in ids} <= production_ids
+    anthropic_side = [h for h in api.headers if "anthropic-version" in {k.lower() for k in h}]
+    assert len(anthropic_side) == 5  # 4 in the two calls, 1 alone
+    assert all(h.get("x-api-key") == "sk-ant-test-secret" for h in anthropic_side)
+    version = anthropic.AsyncAnthropic(api_key="k").default_headers["anthropic-version"]
+    assert all(h.get("anthropic-version") == version for h in anthropic_side)  # passed through
+    openai_side = [h for h in api.headers if h not in anthropic_side]
+    assert all(h.get("Authorization") == "Bearer sk-test-secret" for h in openai_side)
+
+    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
+    upstream = "production" if mode == "record-only" else "trinity-shadow"
+    trinity_ids = set(standin.state.experiences)
+    for call_id, name in (
+        ("r1", "responses-json"),
+        ("r2", "responses-stream"),
+        ("m1", "messages-json"),
+        ("m2", "messages-stream"),
+        ("a1", "agents-sdk"),
+    ):
+        steps = check_once(events_of(records, call_id), ["LLM", "TOOL", "LLM"])
+        llm = [s for s in steps if s.kind is StepKind.LLM]
+        assert {s.upstream for s in llm} == {upstream}
+        if mode == "record-only":
+            assert [s.response_id for s in llm] == got[name]
+            assert not trinity_ids
+        else:
+            assert {s.response_id for s in llm} <= trinity_ids  # Trinity's own msg_ids
+    alone = [
+        r for r in records if isinstance(r, AgentCall | Completion) and r.call_id.startswith("gw-")
+    ]
+    assert len({r.call_id for r in alone}) == 2
+    for call_id in {r.call_id for r in alone}:
+        check_once(events_of(records, call_id), ["LLM"])
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+
+async def test_bad_requests_get_each_api_s_error_shape_and_are_recorded_nowhere(
+    kafka_bootstrap: str,
+    prefix: str,
+    standin: StandIn,
+    production: tuple[StandIn, ApiProduction],
+    tmp_path: Path,
+) -> None:
+    _, api = production
+    async with running_gateway(
+        kafka_bootstrap,
+        prefix,
+        standin.url,
+        api.url,
+        tmp_path / "spill",
+        anthropic_url=None,
+        strategy="sampling:0",
+    ) as gw:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/calls/bad-1/v1", api_key="k", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as unknown:
+            await client.responses.create(
+                model="m", input="hi", previous_response_id="resp_never_served"
+            )
+        assert unknown.value.code == "previous_response_not_found"
+        with pytest.raises(openai.BadRequestError) as no_model:
+            await client.responses.create(model="", input="hi")
+        assert no_model.value.param == "model"
+        claude = anthropic.AsyncAnthropic(
+            base_url=f"{gw.url}/calls/bad-2", api_key="k", max_retries=0
+        )
+        with pytest.raises(anthropic.BadRequestError) as bad_messages:
+            await claude.messages.create(
+                model="m",
+                max_tokens=8,
+                messages=[{"content": "no role"}],  # type: ignore[typeddict-item]
+            )
+        assert bad_messages.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{gw.url}/v1/messages", data=b"{not json") as r:
+                assert r.status == 400
+                assert (await r.json())["type"] == "error"
+            # not routed to Trinity and no Anthropic upstream configured: 503 naming the setting
+            body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(f"{gw.url}/calls/bad-3/v1/messages", json=body) as r:
+                assert r.status == 503
+                assert "gateway.anthropic_url" in (await r.json())["error"]["message"]
+        assert await gw.publisher.flush(30)
+    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
+    assert [r for r in records if getattr(r, "call_id", "") in ("bad-1", "bad-2", "bad-3")] == []
+    assert api.headers == []  # nothing refused reached production
