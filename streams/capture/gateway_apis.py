@@ -24,8 +24,8 @@ Which upstream answers:
   ``/responses`` (bearer ``gateway.production_api_key``), or ``gateway.anthropic_url`` +
   ``/v1/messages`` (``x-api-key`` from ``gateway.anthropic_api_key``, the client's
   ``anthropic-version`` and ``anthropic-beta`` headers passed through); its answer passes through
-  unchanged and is recorded, except in shadow mode, where the translated request also goes to
-  Trinity (not streamed) and Trinity's answer is the recorded step.
+  unchanged and is recorded; in shadow mode the translated request also goes to Trinity (not
+  streamed) and Trinity's answer travels with the recorded step (``Completion.shadow_*``).
 
 ``previous_response_id`` works within a call: the gateway keeps the call's items
 (:class:`.apis.ItemStore`, bounded by ``gateway.responses_calls``), whichever upstream
@@ -218,11 +218,12 @@ class ApiRoutes:
             return response
         for record in records:  # START and tool steps first: they happened before the answer
             gw.publisher.publish(record)
-        if route.shadow and parsed.chat is not None:
-            task = gw._spawn(self._shadow(call_id, parsed, state, one_step=path_call is None))
-            state.pending.add(task)
-            task.add_done_callback(state.pending.discard)
-        recorded = not route.shadow or which == "trinity"
+        if route.shadow and parsed.chat is not None and len(parsed.messages) not in state.seqs:
+            # Trinity answers the translated request meanwhile; its answer joins the step
+            state.shadows[len(parsed.messages)] = asyncio.ensure_future(
+                gw._shadow(call_id, parsed.chat)
+            )
+        recorded = True  # the answer the client saw (in shadow mode Trinity's travels with it)
         exchange = _Exchange(api, call_id, parsed, state, which, headers, path_call, recorded)
         if parsed.stream:
             return await self._stream(request, raw, exchange)
@@ -368,37 +369,6 @@ class ApiRoutes:
                     self._record(exchange, answer, latency)
         return response
 
-    async def _shadow(
-        self, call_id: str, parsed: ParsedRequest, state: CallState, *, one_step: bool
-    ) -> None:
-        """The translated request to Trinity (not streamed); its answer is the training step."""
-        from .gateway import UpstreamFailed
-
-        assert parsed.chat is not None
-        body = {k: v for k, v in parsed.chat.items() if k not in ("stream", "stream_options")}
-        began = time.perf_counter()
-        try:
-            upstream = await self.gateway._send("trinity", body)
-            async with upstream:
-                data = await upstream.read()
-                if upstream.status != 200:
-                    raise UpstreamFailed(upstream.status, data[:200].decode(errors="replace"), "")
-            answer = answer_of_chat(json.loads(data))
-            self._publish_step(
-                call_id,
-                parsed,
-                answer,
-                state,
-                upstream="trinity-shadow",
-                latency_ms=(time.perf_counter() - began) * 1000,
-                one_step=one_step,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.gateway.stats.shadow_failures += 1
-            log.warning("shadow request of call %s to Trinity failed: %s", call_id, exc)
-
     def _record(self, exchange: _Exchange, answer: Answer, latency_ms: float) -> None:
         self._publish_step(
             exchange.call_id,
@@ -436,6 +406,13 @@ class ApiRoutes:
         if step.seq in state.seqs and not one_step:
             return  # a retried request: the first answer is the step
         state.seqs.add(step.seq)
+        shadow = state.shadows.pop(step.seq, None)
+        if shadow is not None and parsed.chat is not None:  # shadow mode: Trinity's answer joins
+            gw = self.gateway
+            task = gw._spawn(gw._join_shadow(step, parsed.chat, shadow, one_step))
+            state.pending.add(task)
+            task.add_done_callback(state.pending.discard)
+            return
         publish = self.gateway.publisher.publish
         publish(step)
         if one_step:

@@ -9,8 +9,8 @@ its client's base URL; a real broker, the Trinity stand-in, and (route mode) a r
   Trinity's ``/feedback`` carries exactly the msg_ids Trinity served (the ids inside the
   ``resp_...`` / ``msg_...`` ids the clients got);
 - record only (nothing selected) and shadow mode: production answers, in the API's own JSON and
-  events (a small aiohttp server speaking both APIs, :class:`ApiProduction`); record only
-  records production's answer, shadow records Trinity's answer to the translated request; the
+  events (a small aiohttp server speaking both APIs, :class:`ApiProduction`); both record
+  production's answer, shadow with Trinity's answer to the translated request beside it; the
   ``anthropic-version`` header and the configured key reach Anthropic's side.
 """
 
@@ -434,7 +434,7 @@ async def test_production_answers_and_the_step_is_production_s_or_trinity_s_shad
     assert all(h.get("Authorization") == "Bearer sk-test-secret" for h in openai_side)
 
     records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
-    upstream = "production" if mode == "record-only" else "trinity-shadow"
+    upstream = "production"  # the answer the client saw, in both modes
     trinity_ids = set(standin.state.experiences)
     for call_id, name in (
         ("r1", "responses-json"),
@@ -446,11 +446,13 @@ async def test_production_answers_and_the_step_is_production_s_or_trinity_s_shad
         steps = check_once(events_of(records, call_id), ["LLM", "TOOL", "LLM"])
         llm = [s for s in steps if s.kind is StepKind.LLM]
         assert {s.upstream for s in llm} == {upstream}
+        assert [s.response_id for s in llm] == got[name]
         if mode == "record-only":
-            assert [s.response_id for s in llm] == got[name]
             assert not trinity_ids
-        else:
-            assert {s.response_id for s in llm} <= trinity_ids  # Trinity's own msg_ids
+        else:  # Trinity's answer to the translated request travels with each step
+            shadow_ids = [s.shadow_response_id for s in llm]
+            assert all(shadow_ids) and set(shadow_ids) <= trinity_ids
+            assert [s.msg_id for s in llm] == shadow_ids
     alone = [
         r for r in records if isinstance(r, AgentCall | Completion) and r.call_id.startswith("gw-")
     ]
