@@ -25,7 +25,8 @@ Which upstream answers:
   ``/v1/messages`` (``x-api-key`` from ``gateway.anthropic_api_key``, the client's
   ``anthropic-version`` and ``anthropic-beta`` headers passed through); its answer passes through
   unchanged and is recorded; in shadow mode the translated request also goes to Trinity (not
-  streamed) and Trinity's answer travels with the recorded step (``Completion.shadow_*``).
+  streamed) and Trinity's answer joins the recorded step (``Completion.shadow_*``: its
+  ``shadow_response_id`` is the msg_id), as on the chat route.
 
 ``previous_response_id`` works within a call: the gateway keeps the call's items
 (:class:`.apis.ItemStore`, bounded by ``gateway.responses_calls``), whichever upstream
@@ -218,13 +219,11 @@ class ApiRoutes:
             return response
         for record in records:  # START and tool steps first: they happened before the answer
             gw.publisher.publish(record)
-        if route.shadow and parsed.chat is not None and len(parsed.messages) not in state.seqs:
+        seq = len(parsed.messages)
+        if route.shadow and parsed.chat is not None and seq not in state.seqs:
             # Trinity answers the translated request meanwhile; its answer joins the step
-            state.shadows[len(parsed.messages)] = asyncio.ensure_future(
-                gw._shadow(call_id, parsed.chat)
-            )
-        recorded = True  # the answer the client saw (in shadow mode Trinity's travels with it)
-        exchange = _Exchange(api, call_id, parsed, state, which, headers, path_call, recorded)
+            state.shadows[seq] = asyncio.ensure_future(gw._shadow(call_id, parsed.chat))
+        exchange = _Exchange(api, call_id, parsed, state, which, headers, path_call)
         if parsed.stream:
             return await self._stream(request, raw, exchange)
         return await self._json(raw, exchange)
@@ -309,8 +308,7 @@ class ApiRoutes:
             response.headers["Content-Type"] = "application/json"
         if told is not None and answer is not None:
             exchange.api.remember(exchange, told)
-            if exchange.record:
-                self._record(exchange, answer, latency)
+            self._record(exchange, answer, latency)
         return response
 
     async def _stream(
@@ -365,8 +363,7 @@ class ApiRoutes:
                 answer = api.answer(told) if told is not None else None
             if told is not None and answer is not None:
                 api.remember(exchange, told)
-                if exchange.record:
-                    self._record(exchange, answer, latency)
+                self._record(exchange, answer, latency)
         return response
 
     def _record(self, exchange: _Exchange, answer: Answer, latency_ms: float) -> None:
@@ -407,22 +404,47 @@ class ApiRoutes:
             return  # a retried request: the first answer is the step
         state.seqs.add(step.seq)
         shadow = state.shadows.pop(step.seq, None)
-        if shadow is not None and parsed.chat is not None:  # shadow mode: Trinity's answer joins
-            gw = self.gateway
-            task = gw._spawn(gw._join_shadow(step, parsed.chat, shadow, one_step))
-            state.pending.add(task)
-            task.add_done_callback(state.pending.discard)
+        if shadow is None:
+            self._publish(step, one_step)
             return
+        task = self.gateway._spawn(self._join_shadow(step, shadow, one_step))
+        state.pending.add(task)
+        task.add_done_callback(state.pending.discard)
+
+    async def _join_shadow(
+        self,
+        step: Completion,
+        shadow: asyncio.Future[tuple[dict[str, Any], float] | None],
+        one_step: bool,
+    ) -> None:
+        """The step as the client saw it, with Trinity's answer to the translated request beside
+        it (as the gateway's chat route does)."""
+        got = await shadow
+        if got is not None:
+            completion, latency = got
+            with contextlib.suppress(pydantic.ValidationError):
+                theirs = answer_of_chat(completion)
+                step = step.model_copy(
+                    update={
+                        "shadow_response_id": theirs.response_id,
+                        "shadow_output_messages": [theirs.message],
+                        "shadow_tool_call_details": theirs.message.tool_calls,
+                        "shadow_latency_ms": latency,
+                    }
+                )
+        self._publish(step, one_step)
+
+    def _publish(self, step: Completion, one_step: bool) -> None:
         publish = self.gateway.publisher.publish
         publish(step)
         if one_step:
             output = step.output_messages[0].content if step.output_messages else None
             publish(
                 AgentCall(
-                    event_id=f"{call_id}/end",
-                    call_id=call_id,
+                    event_id=f"{step.call_id}/end",
+                    call_id=step.call_id,
                     phase=CallPhase.END,
-                    event_time=now,
+                    event_time=step.event_time,
                     status=CallStatus.OK,
                     output=output,
                     step_count=1,
@@ -441,8 +463,6 @@ class _Exchange:
     which: Which
     headers: dict[str, str]
     path_call: str | None
-    record: bool
-    """Whether this upstream's answer is the step (not in shadow mode's production answer)."""
 
     @property
     def request_headers(self) -> Any:

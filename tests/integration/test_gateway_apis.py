@@ -9,8 +9,9 @@ its client's base URL; a real broker, the Trinity stand-in, and (route mode) a r
   Trinity's ``/feedback`` carries exactly the msg_ids Trinity served (the ids inside the
   ``resp_...`` / ``msg_...`` ids the clients got);
 - record only (nothing selected) and shadow mode: production answers, in the API's own JSON and
-  events (a small aiohttp server speaking both APIs, :class:`ApiProduction`); both record
-  production's answer, shadow with Trinity's answer to the translated request beside it; the
+  events (a small aiohttp server speaking both APIs, :class:`ApiProduction`) and its answer is
+  the step; shadow mode adds Trinity's answer to the translated request beside it (its id the
+  msg_id), record only nothing of Trinity; the
   ``anthropic-version`` header and the configured key reach Anthropic's side.
 """
 
@@ -434,7 +435,6 @@ async def test_production_answers_and_the_step_is_production_s_or_trinity_s_shad
     assert all(h.get("Authorization") == "Bearer sk-test-secret" for h in openai_side)
 
     records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
-    upstream = "production"  # the answer the client saw, in both modes
     trinity_ids = set(standin.state.experiences)
     for call_id, name in (
         ("r1", "responses-json"),
@@ -445,14 +445,16 @@ async def test_production_answers_and_the_step_is_production_s_or_trinity_s_shad
     ):
         steps = check_once(events_of(records, call_id), ["LLM", "TOOL", "LLM"])
         llm = [s for s in steps if s.kind is StepKind.LLM]
-        assert {s.upstream for s in llm} == {upstream}
-        assert [s.response_id for s in llm] == got[name]
+        assert {s.upstream for s in llm} == {"production"}
+        assert [s.response_id for s in llm] == got[name]  # what the client saw
         if mode == "record-only":
-            assert not trinity_ids
-        else:  # Trinity's answer to the translated request travels with each step
-            shadow_ids = [s.shadow_response_id for s in llm]
-            assert all(shadow_ids) and set(shadow_ids) <= trinity_ids
-            assert [s.msg_id for s in llm] == shadow_ids
+            assert not trinity_ids and all(s.msg_id is None for s in llm)
+        else:  # Trinity's answer to the translated request beside it: its id is the msg_id
+            shadows = [s.shadow_response_id for s in llm]
+            assert all(shadows) and set(shadows) <= trinity_ids
+            assert [s.msg_id for s in llm] == shadows
+            assert all(s.shadow_output_messages for s in llm)
+            assert llm[0].shadow_tool_call_details[0].name == "lookup_order"
     alone = [
         r for r in records if isinstance(r, AgentCall | Completion) and r.call_id.startswith("gw-")
     ]

@@ -16,7 +16,9 @@ spans of LangChain, CrewAI and the Agents SDK), and a tool span exported after i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from streams.core.effects import Source
 from streams.core.spans import AGENT_EVENTS, SpanLimits, SpanResolver
 from streams.core.store import MemoryStore
 from streams.io.kafka import create_topics
-from streams.models import AgentCall, Completion, TraceFragment, Trajectory, utcnow
+from streams.models import AgentCall, Completion, TraceFragment, TraceHead, Trajectory, utcnow
 from streams.standin import StandIn
 from streams.topics import Topics
 from tests.unit.core.harness import Core
@@ -74,7 +76,11 @@ class NestedAgent:
             span.set_attribute("gen_ai.response.id", reply_id)
             return reply_id
 
-    async def run(self) -> list[str]:
+    async def run(
+        self, before_agent_ends: Callable[[], Awaitable[None]] | None = None
+    ) -> list[str]:
+        """The agent's run; ``before_agent_ends`` is awaited once the workflow span (and the
+        steps under it) are exported, before the agent span ends."""
         ids = []
         async with httpx.AsyncClient(timeout=10) as http:
             agent = self.tracer.start_span(
@@ -93,6 +99,8 @@ class NestedAgent:
                 audit = self.tracer.start_span("execute_tool audit")  # outlives its agent span
                 audit.set_attribute("gen_ai.operation.name", "execute_tool")
                 audit.set_attribute("gen_ai.tool.name", "audit")
+            if before_agent_ends is not None:
+                await before_agent_ends()
             await asyncio.to_thread(agent.end)
             await asyncio.to_thread(audit.end)
         await asyncio.to_thread(self.provider.shutdown)
@@ -127,6 +135,80 @@ async def test_steps_join_their_agent_call_whatever_the_export_boundaries(
     assert [s.tool_name for s in t.steps if s.tool_name] == ["lookup", "audit"]
     state = standin.state
     await wait_for(lambda: bool(state.feedback), timeout=60, what="the call's /feedback")
+    assert [f.body["msg_ids"] for f in state.feedback] == [ids]
+
+
+async def held_steps(bootstrap: str, changelog: str, links: int, timeout: float) -> None:
+    """Until the stage's table holds a trace with ``links`` spans (read from its changelog)."""
+    codec = SchemaRegistry.default()
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while changelog not in await consumer.topics():
+            assert loop.time() < deadline, f"{changelog} never appeared"
+            await asyncio.sleep(0.5)
+        consumer.subscribe([changelog])
+        while True:
+            assert loop.time() < deadline, f"no trace with {links} spans in {changelog}"
+            batch = await consumer.getmany(timeout_ms=500)
+            for messages in batch.values():
+                for m in messages:
+                    if m.value is None:
+                        continue
+                    with contextlib.suppress(Exception):
+                        head = codec.decode_as(m.value, TraceHead)
+                        if len(head.links) >= links:
+                            return
+    finally:
+        await consumer.stop()
+
+
+async def test_a_worker_sigkilled_while_it_holds_a_trace_s_steps_loses_none(
+    kafka_bootstrap: str, prefix: str, standin: StandIn, workers: Any, tmp_path: Path
+) -> None:
+    """The steps wait in the stage's table for their agent span; the worker holding them is
+    SIGKILLed; its successor restores the table from its changelog, the agent span arrives, and
+    the call comes out whole, once."""
+    settings = {
+        "TRAJSTREAM_TRINITY__URL": standin.url,
+        "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1",
+        "TRAJSTREAM_COMMIT__INTERVAL_S": 600,
+        "BROKER_SESSION_TIMEOUT": 10,  # the group drops the killed worker sooner (Faust's own)
+    }
+    first = workers(**settings)
+    topics = Topics(prefix, 4)
+    with otlp_process(kafka_bootstrap, prefix, tmp_path) as url:
+        agent = NestedAgent(url, standin)
+
+        async def kill_the_holder() -> None:
+            # chat, tool, chat and the workflow span: held, their agent span not seen yet
+            await held_steps(kafka_bootstrap, f"{prefix}-traces-changelog", 4, timeout=90)
+            first.kill()
+            second = workers(**settings)
+            # the agent span is exported once the successor is up (not while it starts: on a
+            # loaded machine the exporter's retries could run out before Kafka answers)
+            await wait_for(
+                lambda: "Worker ready" in second.log.read_text(errors="replace"),
+                timeout=90,
+                what="the second worker to be ready",
+            )
+
+        ids = await agent.run(before_agent_ends=kill_the_holder)
+
+    def has_call(records: list[Any]) -> bool:
+        return any(isinstance(r, Trajectory) and r.call_id == agent.call_id for r in records)
+
+    found = await read_topic(kafka_bootstrap, topics.trajectories, until=has_call, timeout=120)
+    (t,) = [r for r in found if isinstance(r, Trajectory)]
+    assert t.call_id == agent.call_id
+    assert [s.kind.value for s in t.steps] == ["LLM", "TOOL", "LLM", "TOOL"]
+    state = standin.state
+    await wait_for(lambda: bool(state.feedback), timeout=60, what="the call's /feedback")
+    await asyncio.sleep(2)  # time for a second, wrong, feedback to show up
     assert [f.body["msg_ids"] for f in state.feedback] == [ids]
 
 

@@ -20,6 +20,9 @@ def test_the_worker_runs_the_span_resolution_stage_on_the_spans_topic() -> None:
     channel = p.app.agents["spans"].channel
     assert channel.topics == ("p.spans", "p.ticks")  # type: ignore[attr-defined]
     assert any(name.endswith("-traces-changelog") for name in p.changelog_topics())
+    # created before the start too: without it in the first assignment nobody ticks
+    assert p.changelog_topics()[f"{p.app.conf.id}-__assignor-__leader"] == (1, {})
+    assert p.app._leader_assignor._leader_topic_name == f"{p.app.conf.id}-__assignor-__leader"
     assert p.t_agent_events is p.t_events  # where the stage's Out sends "agent_events"
     assert p.span_resolver.store.table is p.app.tables["traces"]  # type: ignore[attr-defined]
     topics = Topics("p", 4)
