@@ -398,7 +398,9 @@ def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
     if updates:
         gateway = settings.gateway.model_validate({**settings.gateway.model_dump(), **updates})
         settings = settings.model_copy(update={"gateway": gateway})
-    bootstrap = resolve_bootstrap(settings)
+    # no check here: an unreachable cluster is no reason not to serve (the gateway spills);
+    # its own start still stops on bad credentials, TLS or topics, naming the setting
+    bootstrap = resolve_bootstrap(settings, check=False)
     settings = settings.model_copy(
         update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})}
     )

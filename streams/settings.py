@@ -588,6 +588,15 @@ class GatewaySettings(_Section):
     )
     max_body_bytes: PositiveInt = Field(default=8 * 1024 * 1024, description="larger: 413")
     max_connections: PositiveInt = Field(default=256, description="per upstream")
+    durability: Literal["buffered", "acked"] = Field(
+        default="buffered",
+        description="buffered: answer at once, records queued (a killed process loses what is "
+        "in memory); acked: answer once the broker acknowledged the request's records",
+    )
+    ack_timeout_s: PositiveFloat = Field(
+        default=5.0,
+        description="acked: a broker slower than this answers 503 (the records stay queued)",
+    )
     buffer_records: PositiveInt = Field(
         default=10_000, description="records kept in memory for Kafka; past that: spill_dir"
     )

@@ -176,9 +176,12 @@ def llm_step(
 class StreamAssembler:
     """Rebuilds a chat completion from its server-sent ``chat.completion.chunk`` events."""
 
-    def __init__(self, *, strip_usage: bool = False) -> None:
+    def __init__(self, *, strip_usage: bool = False, hold_done: bool = False) -> None:
         self.strip_usage = strip_usage
         """:meth:`feed` returns the events without the usage-only chunk (``choices: []``)."""
+        self.hold_done = hold_done
+        """:meth:`feed` keeps the ``data: [DONE]`` event back, in :attr:`done_event`."""
+        self.done_event = b""
         self._buffer = b""
         self.done = False
         self.id: str | None = None
@@ -189,7 +192,7 @@ class StreamAssembler:
     def feed(self, data: bytes) -> bytes:
         """Read ``data`` (any slice of the stream); returns what the client is sent: ``data``
         itself, or with ``strip_usage`` the whole events read so far minus the usage chunk."""
-        if not self.strip_usage:
+        if not (self.strip_usage or self.hold_done):
             self._feed(data)
             return data
         return self._feed(data)
@@ -207,7 +210,10 @@ class StreamAssembler:
                 continue
             if payload.strip() == b"[DONE]":
                 self.done = True
-                out.append(event + b"\n\n")
+                if self.hold_done:
+                    self.done_event += event + b"\n\n"
+                else:
+                    out.append(event + b"\n\n")
                 continue
             chunk: Any = None
             with contextlib.suppress(ValueError):
@@ -223,8 +229,9 @@ class StreamAssembler:
         return b"".join(out)
 
     def rest(self) -> bytes:
-        """With ``strip_usage``: what is left after the last whole event (sent as it is)."""
-        rest, self._buffer = (self._buffer, b"") if self.strip_usage else (b"", self._buffer)
+        """With ``strip_usage`` or ``hold_done``: what is left after the last whole event."""
+        held = self.strip_usage or self.hold_done
+        rest, self._buffer = (self._buffer, b"") if held else (b"", self._buffer)
         return rest
 
     def add_chunk(self, chunk: Any) -> None:

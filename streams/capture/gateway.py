@@ -51,10 +51,10 @@ import signal
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pydantic
@@ -78,6 +78,7 @@ from ..topics import Topics
 from .auth import KeyRing, check_listen
 from .chat import StreamAssembler, ask_usage, llm_step, steps_of_request, to_chat_message
 from .gateway_apis import ApiConfig, ApiRoutes
+from .metrics import CONTENT_TYPE, GatewayMetrics
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
 from .routing import RolloutStrategy, Route, ShareBook, check_routable, decide_route
@@ -94,6 +95,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HEADER_AGENT_NAME = "X-Trajstream-Agent-Name"
 HEADER_AGENT_ID = "X-Trajstream-Agent-Id"
@@ -151,7 +153,7 @@ def parse_messages(body: Any) -> list[dict[str, Any]]:
 class CallState:
     route: Route  # shared between calls decided alike (see Gateway._route)
     seqs: set[int] = field(default_factory=set)
-    pending: set[asyncio.Task[None]] = field(default_factory=set)
+    pending: set[asyncio.Task[Any]] = field(default_factory=set)
     shadows: dict[int, asyncio.Future[tuple[dict[str, Any], float] | None]] = field(
         default_factory=dict
     )
@@ -204,6 +206,8 @@ class GatewayConfig:
     count_steps: bool = True
     api_keys: tuple[GatewayKey, ...] = ()
     allow_anonymous: bool = False
+    durability: str = "buffered"
+    ack_timeout_s: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
@@ -230,6 +234,8 @@ class GatewayConfig:
             count_steps=g.count_steps,
             api_keys=tuple(g.api_keys),
             allow_anonymous=g.allow_anonymous,
+            durability=g.durability,
+            ack_timeout_s=g.ack_timeout_s,
         )
 
     def __repr__(self) -> str:  # never show the key
@@ -254,6 +260,14 @@ def upstream_failed(which: str, exc: BaseException, what: str) -> UpstreamFailed
     return UpstreamFailed(502, f"the {which} model {what}: {type(exc).__name__}", "upstream_error")
 
 
+@dataclass(slots=True)
+class Timing:
+    """A request's time waiting on its upstream (the rest is the gateway's overhead)."""
+
+    upstream_s: float = 0.0
+    stream: bool = False
+
+
 @dataclass
 class GatewayStats:
     requests: int = 0
@@ -263,6 +277,7 @@ class GatewayStats:
     shadow_failures: int = 0
     unauthorized: int = 0
     rate_limited: int = 0
+    ack_timeouts: int = 0
 
 
 class Gateway:
@@ -274,6 +289,13 @@ class Gateway:
             from ..errors import ConfigError
 
             raise ConfigError(f"gateway.mode must be route or shadow, got {config.mode!r}")
+        if config.durability not in ("buffered", "acked"):
+            from ..errors import ConfigError
+
+            raise ConfigError(
+                f"gateway.durability must be buffered or acked, got {config.durability!r}"
+            )
+        self.acked = config.durability == "acked"
         self.config = config
         self.strategy = strategy
         self.publisher = publisher
@@ -281,9 +303,12 @@ class Gateway:
         self.stats = GatewayStats()
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         self._routes: dict[tuple[bool, str, str], Route] = {}
         self.keys = KeyRing(config.api_keys)
+        self.metrics = GatewayMetrics(self)
+        self.preflight: Callable[[], Awaitable[None]] | None = None
+        """Run before listening: checks the cluster (see :func:`build_gateway`)."""
         self.otlp_options: dict[str, Any] = {}
         """Options of the OTLP ingest mounted at ``POST /v1/traces`` (settings.otlp)."""
         self.apis = ApiRoutes(self)  # /v1/responses and /v1/messages (gateway_apis)
@@ -305,6 +330,7 @@ class Gateway:
         r.add_post("/calls/{call_id}/end", self._end)
         r.add_post("/calls/{call_id}/feedback", self._feedback)
         r.add_get("/healthz", self._health)
+        r.add_get("/metrics", self._metrics)
         # OpenTelemetry GenAI spans, the second way in: same records, same durable buffer
         add_otlp_routes(app, self._publish_spans, **self.otlp_options)
         self.apis.mount(app)  # the Responses and Messages APIs: same records, same decisions
@@ -316,6 +342,8 @@ class Gateway:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         check_listen(host, bool(self.config.api_keys), self.config.allow_anonymous)
+        if self.preflight is not None:  # before anything is opened: it may stop the start
+            await self.preflight()
         # no total limit (a long stream is fine); an upstream silent for timeout_s is a 504
         timeout = aiohttp.ClientTimeout(
             total=None,
@@ -478,6 +506,16 @@ class Gateway:
     # -- routes ---------------------------------------------------------------------------------
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        began = time.perf_counter()
+        timing = Timing()  # the forwarders note the time spent waiting on the upstream
+        response = await self._chat_inner(request, timing)
+        if response.status == 200:
+            self.metrics.overhead.labels("stream" if timing.stream else "chat").observe(
+                max(0.0, time.perf_counter() - began - timing.upstream_s)
+            )
+        return response
+
+    async def _chat_inner(self, request: web.Request, timing: Timing) -> web.StreamResponse:
         self.stats.requests += 1
         path_call = self._call_id(request)
         raw = await request.read()
@@ -514,9 +552,9 @@ class Gateway:
             state.shadows[len(messages)] = asyncio.ensure_future(self._shadow(call_id, body))
         if body.get("stream"):
             return await self._forward_stream(
-                raw, request, call_id, body, state, headers, path_call
+                raw, request, call_id, body, state, headers, path_call, timing
             )
-        return await self._forward_json(raw, call_id, body, state, headers, path_call)
+        return await self._forward_json(raw, call_id, body, state, headers, path_call, timing)
 
     def _route(self, start: AgentCall) -> Route:
         """The call's decision; one shared object per distinct decision (memory per call)."""
@@ -530,8 +568,8 @@ class Gateway:
             shared = self._routes[key] = route
         return shared
 
-    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task: asyncio.Task[T] = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
@@ -577,20 +615,58 @@ class Gateway:
         upstream: str,
         latency_ms: float,
         one_step: bool,
-    ) -> None:
-        """Record the answer the client saw; in shadow mode once Trinity's answer joins it."""
+    ) -> Awaitable[Any]:
+        """Record the answer the client saw (in shadow mode once Trinity's answer joins it);
+        returns what is done once it is on the broker."""
         now = utcnow()
-        step = llm_step(call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now)
-        if step.seq in state.seqs and not one_step:
-            return  # a retried request: the first answer is the step
-        state.seqs.add(step.seq)
-        shadow = state.shadows.pop(step.seq, None)
-        if shadow is None:
-            self._publish_step(step, one_step)
-            return
-        task = self._spawn(self._join_shadow(step, body, shadow, one_step))
+        seq = len(body["messages"])  # llm_step's seq, known before the step is built
+        if seq in state.seqs and not one_step:
+            # a retried request: the first answer is the step (on the broker with what is queued)
+            return self._on_broker(self.publisher.position)
+        state.seqs.add(seq)
+        shadow = state.shadows.pop(seq, None)
+        build = _Once(
+            lambda: llm_step(
+                call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now
+            )
+        )
+        if shadow is None:  # built and encoded by the publisher, after the answer was sent
+            position = self.publisher.publish_lazy(call_id, build)
+            if one_step:
+                position = self.publisher.publish_lazy(call_id, lambda: _one_step_end(build()))
+            return self._on_broker(position)
+        task = self._spawn(self._join_shadow(build(), body, shadow, one_step))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
+        return self._after(task)
+
+    async def _after(self, task: asyncio.Task[int]) -> None:
+        await self._on_broker(await asyncio.shield(task))
+
+    def _on_broker(self, position: int) -> Awaitable[None]:
+        return self.publisher.acked(position)
+
+    async def _durable(self, ack: Awaitable[Any] | None) -> bool:
+        """acked mode: wait (up to ack_timeout_s) for the broker; False when it did not ack."""
+        if not self.acked or ack is None:
+            return True
+        try:
+            await asyncio.wait_for(ack, self.config.ack_timeout_s)
+        except TimeoutError:
+            self.stats.ack_timeouts += 1
+            return False
+        return True
+
+    def _not_durable(self, headers: dict[str, str] | None = None) -> web.Response:
+        response = openai_error(
+            503,
+            f"the answer could not be recorded within {self.config.ack_timeout_s:g}s "
+            "(gateway.durability = acked; the broker did not acknowledge); retry the request",
+            type_="server_error",
+            code="recording_unavailable",
+        )
+        response.headers.update(headers or {})
+        return response
 
     async def _join_shadow(
         self,
@@ -598,7 +674,7 @@ class Gateway:
         body: dict[str, Any],
         shadow: asyncio.Future[tuple[dict[str, Any], float] | None],
         one_step: bool,
-    ) -> None:
+    ) -> int:
         """The step as the client saw it, with Trinity's answer to the same request beside it."""
         got = await shadow
         if got is not None:
@@ -615,23 +691,13 @@ class Gateway:
                         "shadow_latency_ms": latency,
                     }
                 )
-        self._publish_step(step, one_step)
+        return self._publish_step(step, one_step)
 
-    def _publish_step(self, step: Completion, one_step: bool) -> None:
-        self.publisher.publish(step)
+    def _publish_step(self, step: Completion, one_step: bool) -> int:
+        position = self.publisher.publish(step)
         if one_step:
-            output = step.output_messages[0].content if step.output_messages else None
-            self.publisher.publish(
-                AgentCall(
-                    event_id=f"{step.call_id}/end",
-                    call_id=step.call_id,
-                    phase=CallPhase.END,
-                    event_time=step.event_time,
-                    status=CallStatus.OK,
-                    output=output,
-                    step_count=1,
-                )
-            )
+            position = self.publisher.publish(_one_step_end(step))
+        return position
 
     async def _forward_json(
         self,
@@ -641,6 +707,7 @@ class Gateway:
         state: CallState,
         headers: dict[str, str],
         path_call: str | None,
+        timing: Timing,
     ) -> web.StreamResponse:
         route = state.route
         began = time.perf_counter()
@@ -648,6 +715,7 @@ class Gateway:
             upstream = await self._send(route.upstream, body, raw)
             async with upstream:
                 data = await upstream.read()
+            timing.upstream_s = time.perf_counter() - began
         except UpstreamFailed as exc:
             return self._upstream_error(exc, headers)
         except (TimeoutError, aiohttp.ClientError) as exc:
@@ -658,10 +726,11 @@ class Gateway:
         response.headers["Content-Type"] = content_type
         if upstream.status == 200:
             self.stats.answered[route.upstream] += 1
+            ack = None
             with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
                 answer = json.loads(data)
                 if isinstance(answer, dict):
-                    self._record(
+                    ack = self._record(
                         call_id,
                         body,
                         answer,
@@ -670,6 +739,8 @@ class Gateway:
                         latency_ms=latency,
                         one_step=path_call is None,
                     )
+            if not await self._durable(ack):
+                return self._not_durable(headers)
         else:
             self.stats.upstream_errors += 1
         return response
@@ -683,6 +754,7 @@ class Gateway:
         state: CallState,
         headers: dict[str, str],
         path_call: str | None,
+        timing: Timing,
     ) -> web.StreamResponse:
         route = state.route
         began = time.perf_counter()
@@ -704,18 +776,28 @@ class Gateway:
                     "Content-Type", "application/json"
                 )
                 return response
+            waited = time.perf_counter() - began  # the upstream's time: to its headers, ...
             response = web.StreamResponse(status=200, headers=headers)
             response.headers["Content-Type"] = upstream.headers.get(
                 "Content-Type", "text/event-stream"
             )
             response.headers["Cache-Control"] = "no-cache"
             await response.prepare(request)
-            assembler = StreamAssembler(strip_usage=not asked)
+            assembler = StreamAssembler(strip_usage=not asked, hold_done=self.acked)
             try:
-                async for chunk in upstream.content.iter_any():
+                chunks = upstream.content.iter_any().__aiter__()
+                while True:
+                    t = time.perf_counter()
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        waited += time.perf_counter() - t
+                        break
+                    waited += time.perf_counter() - t  # ... and each wait for its next bytes
                     forwarded = assembler.feed(chunk)
                     if forwarded:
                         await response.write(forwarded)
+                timing.upstream_s, timing.stream = waited, True
                 rest = assembler.rest()
                 if rest:
                     await response.write(rest)
@@ -723,20 +805,37 @@ class Gateway:
                 # the agent saw a broken stream; nothing is recorded
                 log.warning("stream of call %s broke off: %s", call_id, type(exc).__name__)
                 return response
-            await response.write_eof()
-        latency = (time.perf_counter() - began) * 1000
-        self.stats.answered[route.upstream] += 1
-        if assembler.done:
-            with contextlib.suppress(pydantic.ValidationError):
-                self._record(
-                    call_id,
-                    body,
-                    assembler.completion(),
-                    state,
-                    upstream=route.upstream,
-                    latency_ms=latency,
-                    one_step=path_call is None,
-                )
+            latency = (time.perf_counter() - began) * 1000
+            self.stats.answered[route.upstream] += 1
+            ack = None
+            if assembler.done:
+                with contextlib.suppress(pydantic.ValidationError):
+                    ack = self._record(
+                        call_id,
+                        body,
+                        assembler.completion(),
+                        state,
+                        upstream=route.upstream,
+                        latency_ms=latency,
+                        one_step=path_call is None,
+                    )
+            if self.acked:  # the end of the stream only once its records are on the broker
+                with contextlib.suppress(ConnectionResetError):
+                    if await self._durable(ack):
+                        await response.write(assembler.done_event)
+                    else:
+                        error = {
+                            "error": {
+                                "message": "the answer could not be recorded (gateway."
+                                "durability = acked; the broker did not acknowledge)",
+                                "type": "server_error",
+                                "param": None,
+                                "code": "recording_unavailable",
+                            }
+                        }
+                        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
         return response
 
     async def _shadow(
@@ -814,7 +913,7 @@ class Gateway:
         if state is not None and state.pending:  # shadow steps still on their way
             await asyncio.wait(state.pending, timeout=self.config.timeout_s)
         step_count = len(state.seqs) if state is not None and self.config.count_steps else None
-        self.publisher.publish(
+        position = self.publisher.publish(
             start.model_copy(
                 update={
                     "event_id": f"{call_id}/end",
@@ -829,6 +928,11 @@ class Gateway:
         )
         self.calls.pop(call_id)
         self.apis.items.forget(call_id)
+        if state is not None:
+            for shadow in state.shadows.values():  # answers no recorded step waits for
+                shadow.cancel()
+        if not await self._durable(self._on_broker(position)):
+            return self._not_durable()
         return web.json_response(
             {"status": "accepted", "call_id": call_id, "step_count": step_count}, status=202
         )
@@ -871,15 +975,22 @@ class Gateway:
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"]))
             raise BadRequest(f"{where}: {first['msg']}", where) from None
-        self.publisher.publish(record)
+        position = self.publisher.publish(record)
+        if not await self._durable(self._on_broker(position)):
+            return self._not_durable()
         return web.json_response(
             {"status": "accepted", "call_id": call_id, "event_id": record.event_id}, status=202
         )
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
     async def _health(self, request: web.Request) -> web.Response:
+        kafka_down = self.publisher.unreachable_since is not None
         return web.json_response(
             {
-                "status": "ok",
+                # still serving (and spilling) while Kafka is unreachable: degraded, not down
+                "status": "degraded" if kafka_down else "ok",
                 "mode": self.config.mode,
                 "strategy": self.strategy.name,
                 "open_calls": len(self.calls),
@@ -890,9 +1001,40 @@ class Gateway:
                 "upstream_errors": self.stats.upstream_errors,
                 "answered": self.stats.answered,
                 "shadow_failures": self.stats.shadow_failures,
+                "durability": self.config.durability,
+                "ack_timeouts": self.stats.ack_timeouts,
                 "publisher": self.publisher.health(),
             }
         )
+
+
+class _Once:
+    """A record built at most once (the step, and the END of a one-step call made from it)."""
+
+    __slots__ = ("_build", "_value")
+
+    def __init__(self, build: Callable[[], Completion]) -> None:
+        self._build: Callable[[], Completion] | None = build
+        self._value: Completion | None = None
+
+    def __call__(self) -> Completion:
+        if self._build is not None:
+            self._value, self._build = self._build(), None
+        assert self._value is not None
+        return self._value
+
+
+def _one_step_end(step: Completion) -> AgentCall:
+    """The END of a call of one step (``/v1/chat/completions``), made from its step."""
+    return AgentCall(
+        event_id=f"{step.call_id}/end",
+        call_id=step.call_id,
+        phase=CallPhase.END,
+        event_time=step.event_time,
+        status=CallStatus.OK,
+        output=step.output_messages[0].content if step.output_messages else None,
+        step_count=1,
+    )
 
 
 # -- building it from the settings -------------------------------------------------------------
@@ -904,6 +1046,7 @@ def build_gateway(
     """A gateway from the settings; bad settings fail here, naming the setting."""
     from datetime import timedelta
 
+    producer_factory_given = producer_factory
     config = GatewayConfig.from_settings(settings)
     spec = settings.selection.strategy
     strategy = build_strategy(
@@ -967,6 +1110,35 @@ def build_gateway(
         gateway.follower = ShareFollower(
             bootstrap, topics.routing, book, security=settings.kafka.security, prepare=routing_topic
         )
+
+    async def preflight() -> None:
+        """A cluster that cannot be reached (refused, timed out) is no reason not to serve: the
+        records spill until it is back. What retrying cannot fix stops the start: credentials,
+        TLS (ConfigError from the check, naming the setting), topics that cannot be made."""
+        from ..errors import BrokerError, ConfigError
+        from ..io.security import check_kafka
+
+        if not bootstrap:
+            return
+        try:
+            await check_kafka(bootstrap, settings.kafka.security, timeout_s=5.0)
+        except BrokerError as exc:
+            log.warning("starting without Kafka: %s; serving on and spilling to %s", exc,
+                        settings.gateway.spill_dir)  # fmt: skip
+            return
+        try:
+            await publisher.prepare_now()
+        except (BrokerError, ConfigError):
+            raise
+        except Exception as exc:
+            raise ConfigError(
+                f"the topics of kafka.topic_prefix [TRAJSTREAM_KAFKA__TOPIC_PREFIX] "
+                f"{settings.kafka.topic_prefix!r} cannot be used: {type(exc).__name__}: {exc} "
+                "(may this principal create and write them? kafka.security.username)"
+            ) from exc
+
+    if producer_factory_given is None:
+        gateway.preflight = preflight
     otlp = settings.otlp
     gateway.otlp_options = {
         "max_body": otlp.max_body_bytes,

@@ -14,6 +14,15 @@ stop that cannot reach the broker within ``gateway.flush_timeout_s`` spills what
 Delivery is at-least-once: a batch that failed part-way is sent again, and the workers count a
 repeated ``event_id`` once.
 
+Durability (``gateway.durability``): ``buffered`` answers the agent at once, so what is in memory
+when the process is killed (up to ``gateway.buffer_records``) is lost; ``acked`` answers only once
+the broker acknowledged the request's records (:meth:`Publisher.acked`): nothing answered is
+lost. The queue is one FIFO (memory, then spill, then memory), so a record is on the broker once
+the count of acknowledged records reaches its position (:meth:`Publisher.publish` returns it).
+
+An unreachable broker (at start or later) is retried every ``retry_s`` and reported once a
+minute (a warning with the buffered and spilled counts) and in :meth:`health`.
+
 Spill file format: frames of ``<u32 topic length><topic><u32 key length><key><u32 value
 length><value>`` (big-endian), files named ``spill-<n>.bin``, one per spill episode.
 
@@ -24,9 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import logging
+import math
 import struct
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -45,9 +57,14 @@ log = logging.getLogger(__name__)
 
 Frame = tuple[str, bytes, bytes]
 """topic, key, value"""
+Record = AgentCall | Completion | UserFeedback
+Queued = tuple[str, bytes, "bytes | Record | Callable[[], Record]"]
+"""topic, key, and the value: encoded, a record, or what builds it (encoded in the background)"""
 
 _LEN = struct.Struct(">I")
 _FIRST_SEGMENT = 10_000_000  # room below for what a stop prepends
+WARN_EVERY_S = 60.0
+"""An unreachable broker is reported at most this often."""
 
 
 class SpillFiles:
@@ -155,6 +172,7 @@ class PublisherStats:
     published: int = 0
     spilled: int = 0
     send_failures: int = 0
+    unencodable: int = 0
     connected: bool = False
 
     def to_json(self, buffered: int, spill: int) -> dict[str, Any]:
@@ -196,38 +214,130 @@ class Publisher:
         self.batch = batch
         self.retry_s = retry_s
         self.spill = SpillFiles(spill_dir)
-        self._memory: deque[Frame] = deque()
+        self._memory: deque[Queued] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._producer: AIOKafkaProducer | None = None
         self._stopping = False
         self.stats = PublisherStats()
+        self._position = self.spill.records  # records queued so far (a spill left is first)
+        self._acked = 0  # records the broker acknowledged, in queue order
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_ids = itertools.count()
+        self._warned_at = -math.inf
+        self.unreachable_since: float | None = None
+        """monotonic time since when the broker cannot be reached (None: reached)"""
+        self.last_error: str | None = None
 
     # -- the agent's side: never waits --------------------------------------------------------
 
-    def publish(self, record: AgentCall | Completion | UserFeedback) -> None:
-        """Queue one record (keyed by its call_id); returns at once."""
+    def publish(self, record: Record) -> int:
+        """Queue one record (keyed by its call_id); returns at once, with its position in the
+        queue (for :meth:`acked`). It is encoded later, by the background task, in batches:
+        not on the agent's time."""
         topic = (
             self.topics.user_feedback
             if isinstance(record, UserFeedback)
             else self.topics.agent_events
         )
-        frame = (topic, record.call_id.encode(), self.codec.encode(record))
+        return self._queue((topic, record.call_id.encode(), record))
+
+    def publish_lazy(self, call_id: str, build: Callable[[], AgentCall | Completion]) -> int:
+        """Queue the agent event ``build()`` makes, built in the background; see :meth:`publish`.
+        A ``build`` that raises is logged and its record dropped."""
+        return self._queue((self.topics.agent_events, call_id.encode(), build))
+
+    def _encoded(self, item: Queued) -> Frame | None:
+        topic, key, value = item
+        if isinstance(value, bytes):
+            return topic, key, value
+        try:
+            record = value() if callable(value) else value
+            return topic, key, self.codec.encode(record)
+        except Exception as exc:  # a record the answer could not make: nothing to send
+            self.stats.unencodable += 1
+            log.warning("a record of call %s could not be made: %s", key.decode(), exc)
+            return None
+
+    def _queue(self, item: Queued) -> int:
         self.stats.queued += 1
         if self.spill or len(self._memory) >= self.max_buffered:
+            frame = self._encoded(item)
+            if frame is None:
+                return self._position  # nothing queued: it takes no place
             self.spill.append(frame)
             self.stats.spilled += 1
         else:
-            self._memory.append(frame)
+            self._memory.append(item)
         self._wake.set()
+        self._position += 1
+        return self._position
+
+    @property
+    def position(self) -> int:
+        """The position of the last record queued."""
+        return self._position
+
+    def acked(self, position: int) -> asyncio.Future[None]:
+        """Done once the broker acknowledged every record up to ``position``."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if position <= self._acked:
+            future.set_result(None)
+        else:
+            heapq.heappush(self._waiters, (position, next(self._waiter_ids), future))
+        return future
+
+    def _advance(self, count: int) -> None:
+        self._acked += count
+        while self._waiters and self._waiters[0][0] <= self._acked:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+
+    def _unreachable(self, exc: BaseException) -> None:
+        """Note a failed connection or send; warn at most once a minute."""
+        loop_now = time.monotonic()
+        if self.unreachable_since is None:
+            self.unreachable_since = loop_now
+        self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+        if loop_now - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = loop_now
+            log.warning(
+                "Kafka not reachable for %.0fs (%s): serving on, %d records buffered in memory, "
+                "%d spilled to %s; retrying every %gs",
+                loop_now - self.unreachable_since,
+                self.last_error,
+                len(self._memory),
+                self.spill.records,
+                self.spill.directory,
+                self.retry_s,
+            )
+
+    def _reached(self) -> None:
+        if self.unreachable_since is not None:
+            log.info("Kafka reachable again after %.0fs", time.monotonic() - self.unreachable_since)
+        self.unreachable_since = None
+        self.last_error = None
+        self._warned_at = -math.inf
 
     @property
     def pending(self) -> int:
         """Records queued and not yet acknowledged by the broker."""
         return len(self._memory) + self.spill.records
 
+    @property
+    def buffered(self) -> int:
+        return len(self._memory)
+
     def health(self) -> dict[str, Any]:
-        return self.stats.to_json(len(self._memory), self.spill.records)
+        out = self.stats.to_json(len(self._memory), self.spill.records)
+        out["unreachable_s"] = (
+            round(time.monotonic() - self.unreachable_since, 1)
+            if self.unreachable_since is not None
+            else None
+        )
+        out["last_error"] = self.last_error
+        return out
 
     # -- the background side -------------------------------------------------------------------
 
@@ -238,6 +348,12 @@ class Publisher:
                 "publishing %d spilled records from %s", self.spill.records, self.spill.directory
             )
             self._wake.set()
+
+    async def prepare_now(self) -> None:
+        """Run ``prepare`` (e.g. create the topics) now, letting its error through."""
+        if self._prepare is not None and not self._prepared:
+            await self._prepare()
+            self._prepared = True
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything queued is on the broker; False on timeout."""
@@ -260,7 +376,7 @@ class Publisher:
         if not flushed and self._memory:
             log.warning("broker unreachable at stop: spilling %d records", len(self._memory))
             # memory is older than the spill: write it to a segment read before the others
-            frames = list(self._memory)
+            frames = [f for f in map(self._encoded, self._memory) if f is not None]
             self._memory.clear()
             self._prepend_to_spill(frames)
         self.spill.close()
@@ -294,13 +410,14 @@ class Publisher:
                     await self._prepare()  # e.g. create the topics
                     self._prepared = True
             except Exception as exc:  # unreachable broker: keep answering, try again later
-                log.warning("Kafka not reachable (%s); retrying in %gs", exc, self.retry_s)
+                self._unreachable(exc)
                 with contextlib.suppress(Exception):
                     await producer.stop()
                 await asyncio.sleep(self.retry_s)
                 continue
             self._producer = producer
             self.stats.connected = True
+            self._reached()
         return self._producer
 
     async def _run(self) -> None:
@@ -316,18 +433,26 @@ class Publisher:
                 peeked = self.spill.peek(self.batch)
                 frames = [f for f, _ in peeked]
             else:
-                frames = [self._memory[i] for i in range(min(self.batch, len(self._memory)))]
+                frames = []
+                for i in range(min(self.batch, len(self._memory))):
+                    frame = self._encoded(self._memory[i])
+                    if frame is None:  # keep its place (positions count it), send nothing
+                        frame = ("", b"", b"")
+                    self._memory[i] = frame  # encoded once, whatever happens to the send
+                    frames.append(frame)
             try:
-                futures = [await producer.send(t, value=v, key=k) for t, k, v in frames]
+                futures = [await producer.send(t, value=v, key=k) for t, k, v in frames if t]
                 await asyncio.gather(*futures)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.stats.send_failures += 1
-                log.warning("publishing %d records failed (%s); retrying", len(frames), exc)
+                self._unreachable(exc)
                 await asyncio.sleep(self.retry_s)
                 continue
+            self._reached()
             self.stats.published += len(frames)
+            self._advance(len(frames))
             if from_spill:
                 self.spill.consume(len(frames), peeked[-1][1])
                 if not self.spill:

@@ -208,6 +208,7 @@ BAD_START = [
     ("topics",),
     ("produce", str(REPO_ROOT / "examples" / "events.jsonl")),
     ("replay",),
+    ("gateway", "--production-url", "http://127.0.0.1:9/v1"),  # unreachable serves; this stops
 ]
 
 

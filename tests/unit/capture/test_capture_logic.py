@@ -202,6 +202,10 @@ def test_a_stream_asks_for_usage_and_a_client_that_did_not_ask_never_sees_it() -
         assert assembler.completion()["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
         expected = data.replace(events[2], b"") if strip else data
         assert forwarded == expected
+    held = StreamAssembler(hold_done=True)  # acked mode: the end only once recorded
+    forwarded = held.feed(data)
+    assert forwarded == data.replace(b"data: [DONE]\n\n", b"") and held.done
+    assert held.done_event == b"data: [DONE]\n\n"
     torn = StreamAssembler(strip_usage=True)
     assert torn.feed(events[0] + b"data: {") == events[0] and torn.rest() == b"data: {"
 

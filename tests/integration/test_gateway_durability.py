@@ -1,0 +1,187 @@
+"""Durability, by SIGKILL of a real ``trajstream gateway`` process, and a start without Kafka.
+
+- ``gateway.durability = acked``: a request is answered once the broker acknowledged its
+  records, so after a SIGKILL in the middle of traffic every answered step is on the topic.
+- ``buffered`` (the default): what is in memory when the process dies is lost (up to
+  ``gateway.buffer_records``), what went to the disk spill is published by the next start. The
+  gateway here starts while the cluster is unreachable (connection refused): it serves, spills,
+  warns once (a minute) and says so on ``/healthz`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from streams.devtools.broker import free_port
+from streams.models import AgentCall, CallPhase, Completion
+from streams.standin import StandIn
+
+from .cluster_chaos import GatewayProcess
+from .conftest import base_env, read_topic, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def production() -> AsyncIterator[StandIn]:
+    server = StandIn(model="production-model")
+    await server.start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def gateway_env(
+    bootstrap: str, prefix: str, tmp_path: Path, trinity: str, production: str, **more: str
+) -> dict[str, str]:
+    env = base_env(bootstrap, prefix, tmp_path)
+    env.update(
+        TRAJSTREAM_KAFKA__PARTITIONS="2",
+        TRAJSTREAM_TRINITY__URL=trinity,
+        TRAJSTREAM_SELECTION__STRATEGY="sampling:0.5",
+        TRAJSTREAM_GATEWAY__PRODUCTION_URL=f"{production}/v1",
+        TRAJSTREAM_GATEWAY__SPILL_DIR=str(tmp_path / "spill"),
+        **more,
+    )
+    return env
+
+
+def kill(gw: GatewayProcess) -> None:
+    assert gw.proc is not None
+    os.killpg(gw.proc.pid, signal.SIGKILL)
+    gw.proc.wait(10)
+
+
+async def one_step(http: httpx.AsyncClient, base: str, call_id: str) -> str:
+    r = await http.post(
+        f"{base}/calls/{call_id}/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": f"q {call_id}"}]},
+    )
+    r.raise_for_status()
+    return str(r.json()["id"])
+
+
+def steps_by_call(records: list[object]) -> dict[str, Completion]:
+    return {r.call_id: r for r in records if isinstance(r, Completion)}
+
+
+async def test_acked_a_sigkill_loses_nothing_that_was_answered(
+    kafka_bootstrap, prefix, standin, production, tmp_path
+):
+    env = gateway_env(
+        kafka_bootstrap,
+        prefix,
+        tmp_path,
+        standin.url,
+        production.url,
+        TRAJSTREAM_GATEWAY__DURABILITY="acked",
+    )
+    gw = GatewayProcess(env, tmp_path / "gateway.log").start()
+    answered: dict[str, str] = {}
+    try:
+        await gw.ready()
+        stop = asyncio.Event()
+
+        async def agent(n: int) -> None:
+            async with httpx.AsyncClient(timeout=10) as http:
+                i = 0
+                while not stop.is_set():
+                    cid = f"acked-{n}-{i}"
+                    i += 1
+                    try:
+                        answered[cid] = await one_step(http, gw.url, cid)
+                    except httpx.HTTPError:
+                        return  # the process is gone: this one was not answered
+
+        agents = [asyncio.create_task(agent(n)) for n in range(6)]
+        await wait_for(lambda: len(answered) >= 60, timeout=60, what="60 answered calls")
+        kill(gw)  # in the middle of traffic
+        stop.set()
+        await asyncio.gather(*agents)
+    finally:
+        with contextlib.suppress(Exception):
+            kill(gw)
+    records = await read_topic(
+        kafka_bootstrap,
+        f"{prefix}.agent-events",
+        until=lambda got: set(answered) <= set(steps_by_call(got)),
+        timeout=30,
+    )
+    steps = steps_by_call(records)
+    missing = set(answered) - set(steps)
+    assert not missing, f"answered but not on the topic: {sorted(missing)[:5]}"
+    assert all(steps[c].response_id == rid for c, rid in answered.items())
+
+
+async def test_buffered_starts_without_kafka_spills_and_a_sigkill_loses_only_memory(
+    kafka_bootstrap, prefix, standin, production, tmp_path
+):
+    nowhere = f"127.0.0.1:{free_port()}"  # connection refused
+    env = gateway_env(
+        nowhere,
+        prefix,
+        tmp_path,
+        standin.url,
+        production.url,
+        TRAJSTREAM_GATEWAY__BUFFER_RECORDS="4",
+    )
+    log = tmp_path / "gateway.log"
+    gw = GatewayProcess(env, log).start()
+    calls = [f"buf-{i}" for i in range(10)]
+    try:
+        await gw.ready()  # it starts, though no broker answers
+        async with httpx.AsyncClient(timeout=10) as http:
+            answered = {c: await one_step(http, gw.url, c) for c in calls}  # START + step each
+            health = (await http.get(f"{gw.url}/healthz")).json()
+            metrics = (await http.get(f"{gw.url}/metrics")).text
+    finally:
+        kill(gw)
+    assert health["status"] == "degraded"
+    assert health["publisher"]["kafka_connected"] is False
+    assert health["publisher"]["unreachable_s"] is not None
+    assert (health["publisher"]["buffered"], health["publisher"]["spill_records"]) == (4, 16)
+    assert "trajstream_gateway_kafka_up 0.0" in metrics
+    assert "trajstream_gateway_buffered_records 4.0" in metrics
+    assert "trajstream_gateway_spill_records 16.0" in metrics
+    text = log.read_text()
+    assert "starting without Kafka" in text
+    assert text.count("Kafka not reachable") == 1  # once a minute, not once a retry
+
+    # the next start (the cluster back) publishes the spill; memory died with the process
+    env["TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS"] = kafka_bootstrap
+    again = GatewayProcess(env, tmp_path / "gateway-2.log").start()
+    try:
+        await again.ready()
+        async with httpx.AsyncClient() as http:
+
+            async def drained() -> bool:
+                p = (await http.get(f"{again.url}/healthz")).json()["publisher"]
+                return p["spill_records"] == 0 and p["kafka_connected"]
+
+            for _ in range(100):
+                if await drained():
+                    break
+                await asyncio.sleep(0.3)
+            assert await drained()
+    finally:
+        again.stop()
+    records = await read_topic(
+        kafka_bootstrap,
+        f"{prefix}.agent-events",
+        until=lambda got: len({r.call_id for r in got if isinstance(r, Completion)}) >= 8,
+        timeout=30,
+    )
+    steps = steps_by_call(records)
+    starts = {r.call_id for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.START}
+    # the first 4 records (START and step of buf-0 and buf-1) were in memory: lost
+    assert set(steps) == set(calls[2:]) and starts == set(calls[2:])
+    assert all(steps[c].response_id == answered[c] for c in calls[2:])
