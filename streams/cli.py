@@ -93,9 +93,7 @@ def _registry(settings: Settings, writes: list[str] | None = None) -> Any:
     from .topics import Topics
 
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
-    return connect(
-        settings.kafka.schema_registry, topics=topics, writes=writes or [], install=True
-    )
+    return connect(settings.kafka.schema_registry, topics=topics, writes=writes or [], install=True)
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -134,9 +132,7 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
             print("not running")
             return 1
         pids = ", ".join(str(n.pid) for n in running.nodes)
-        print(
-            f"running: {running.bootstrap_servers} (pid {pids}, Kafka {running.kafka_version})"
-        )
+        print(f"running: {running.bootstrap_servers} (pid {pids}, Kafka {running.kafka_version})")
         return 0
     # run: in the foreground until interrupted
     if args.brokers > 1:
@@ -340,56 +336,21 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
-    from collections import Counter
-
-    from .codec import SchemaRegistry
-    from .io import kafka
-    from .models import SelectionDecision
-    from .topics import Topics
+    from .observe.audit import audit_table, count_decisions
 
     bootstrap = resolve_bootstrap(settings)
     _registry(settings)  # reads Confluent's wire format with a schema registry
-    topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).decisions
-    codec = SchemaRegistry.default()
-
-    async def read() -> Counter[tuple[str, str, str, str]]:
-        counts: Counter[tuple[str, str, str, str]] = Counter()
-        consumer = kafka.consumer(bootstrap, settings.kafka.security)
-        await consumer.start()
-        try:
-            if topic not in await consumer.topics():
-                raise ConfigError(f"topic {topic} does not exist (kafka.topic_prefix?)")
-            partitions = sorted(consumer.partitions_for_topic(topic) or ())
-            for m in await kafka.read_whole(consumer, topic, partitions):
-                d = codec.decode_as(m.value, SelectionDecision)
-                counts[
-                    (
-                        d.agent_name or "-",
-                        d.selection.strategy,
-                        "selected" if d.selection.selected else "rejected",
-                        d.selection.reason,
-                    )
-                ] += 1
-        finally:
-            await consumer.stop()
-        return counts
-
-    counts = asyncio.run(read())
+    counts = asyncio.run(count_decisions(settings, bootstrap))
     print(audit_table(counts))
     print(f"{sum(counts.values())} calls decided")
     return 0
 
 
 def audit_table(counts: Mapping[tuple[str, str, str, str], int]) -> str:
-    """The audit's rows under a header, each column as wide as its longest value."""
-    header = ("agent", "strategy", "decision", "reason", "calls")
-    rows = [(*key, str(n)) for key, n in sorted(counts.items())]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = []
-    for row in [header, *rows]:
-        cells = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)]
-        lines.append(" ".join([*cells, row[-1].rjust(max(widths[-1], 7))]))
-    return "\n".join(lines)
+    """Compatibility: :func:`streams.observe.audit.audit_table`."""
+    from .observe.audit import audit_table as table
+
+    return table(counts)
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -417,34 +378,12 @@ def cmd_commits_resume(args: argparse.Namespace, settings: Settings) -> int:
 
     An operator action: whoever may write the ledger topic may resume commits (grant it to the
     workers' principal and to operators only)."""
-    from .codec import SchemaRegistry
-    from .io.kafka import producer
-    from .models import CommitResume, utcnow
+    from .io.operations import resume_commits
     from .topics import Topics
 
     bootstrap = resolve_bootstrap(settings)
-    record = CommitResume(
-        agent_name=args.agent,
-        model=args.model,
-        requested_at=utcnow(),
-        requested_by=args.by,
-        reason=args.reason,
-    )
-    topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger
-    key = f"{args.agent or '*'}|{args.model or '*'}".encode()
-    _registry(settings, [topic])  # its producer then writes the ledger's wire format
-
-    async def publish() -> None:
-        client = producer(bootstrap, settings.kafka.security)
-        await client.start()
-        try:
-            await client.send_and_wait(
-                topic, SchemaRegistry.default().encode(record), key=key, partition=0
-            )
-        finally:
-            await client.stop()
-
-    asyncio.run(publish())
+    _registry(settings, [Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger])
+    asyncio.run(resume_commits(settings, bootstrap, args.agent, args.model, args.by, args.reason))
     print(
         f"asked the ledger to resume commits held for agent {args.agent or 'any'}, "
         f"model {args.model or 'any'}"
@@ -467,28 +406,10 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from .models import utcnow
-    from .runtime.replay import ReplayOptions, parse_offsets, parse_time, run_replay
+    from .runtime.replay import ReplayOptions, run_replay
 
-    now = utcnow()
     prefix = settings.kafka.topic_prefix
-    options = ReplayOptions(
-        since=parse_time(args.since, now) if args.since else None,
-        until=parse_time(args.until, now) if args.until else None,
-        offsets=[parse_offsets(spec, prefix) for spec in args.offsets],
-        strategy=args.strategy,
-        reward=args.reward,
-        compare_reward=args.compare_reward,
-        dry_run=args.dry_run,
-        to=set(args.to),
-        out=args.out,
-        min_reward=args.min_reward,
-        dpo_margin=args.dpo_margin,
-        commit_every=args.commit_every,
-        commit_interval_s=args.commit_interval,
-        redact=args.redact,
-        redact_patterns=list(args.redact_pattern),
-        lookback_s=args.lookback,
-    )
+    options = ReplayOptions.from_args(args, prefix, utcnow())
     options.validate()
     bootstrap = resolve_bootstrap(settings)
     from .topics import Topics
@@ -708,109 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_REPLAY_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    g = p.add_argument_group("range")
-    g.add_argument(
-        "--since",
-        metavar="TIME",
-        help="start: ISO 8601 (2026-01-31T12:00Z; no zone means UTC) or an age (90m, "
-        "2h, 7d); default: the beginning of the topics",
-    )
-    g.add_argument("--until", metavar="TIME", help="end (exclusive); default: now")
-    g.add_argument(
-        "--offsets",
-        action="append",
-        default=[],
-        metavar="TOPIC:PARTITION:START-END",
-        help="explicit offsets instead of a time range (END exclusive, empty: the end "
-        "of the partition), e.g. agent-events:0:100-200; repeatable",
-    )
-    g.add_argument(
-        "--lookback",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="also read this long before --since so that calls that started before "
-        "it are complete (default: assembly.abandon_after_s)",
-    )
-    g = p.add_argument_group("scoring")
-    g.add_argument(
-        "--strategy",
-        metavar="SPEC",
-        help="selection strategy (default: "
-        "selection.strategy), e.g. sampling:1, marked, any(marked,sampling:0.2)",
-    )
-    g.add_argument(
-        "--reward",
-        metavar="FUNCTION",
-        help="reward function (default: "
-        "reward.function), e.g. streams.rewards:success or mypkg.rewards:fn",
-    )
-    g.add_argument(
-        "--compare-reward",
-        metavar="FUNCTION",
-        help="A/B: also score with this function and compare, side by side (a dry run)",
-    )
-    g.add_argument(
-        "--min-reward",
-        type=float,
-        default=0.5,
-        metavar="X",
-        help="threshold for SFT rows and for the A/B agreement (default 0.5)",
-    )
-    g = p.add_argument_group("output")
-    g.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="count and report only; send and write nothing (the default without --to)",
-    )
-    g.add_argument(
-        "--to",
-        action="append",
-        default=[],
-        choices=["trinity", "files"],
-        help="send feedback to Trinity (trinity.url) and/or write dataset files; repeatable",
-    )
-    g.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="directory for --to files: trajectories.jsonl, sft.jsonl, dpo.jsonl, manifest.json",
-    )
-    g.add_argument(
-        "--dpo-margin",
-        type=float,
-        default=0.2,
-        metavar="X",
-        help="least reward difference for a DPO pair from reward ranking (default 0.2)",
-    )
-    g.add_argument(
-        "--commit-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help="POST /commit after every N acknowledged feedbacks (and at the end)",
-    )
-    g.add_argument(
-        "--commit-interval",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="or when this long has passed since the last commit (default: commit.interval_s)",
-    )
-    g = p.add_argument_group("redaction")
-    g.add_argument(
-        "--redact",
-        action="store_true",
-        help="replace e-mail addresses, phone numbers and API keys/secrets before "
-        "anything leaves (files, task_id to Trinity)",
-    )
-    g.add_argument(
-        "--redact-pattern",
-        action="append",
-        default=[],
-        metavar="REGEX",
-        help="also replace matches of this regular expression with [REDACTED]; repeatable",
-    )
+    from .runtime.replay_options import add_replay_arguments
+
+    add_replay_arguments(p)  # one list: the fields of ReplayOptions
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("settings", help="print the effective settings as JSON")

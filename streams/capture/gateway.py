@@ -953,8 +953,19 @@ def build_gateway(
     )
     gateway = Gateway(config, strategy, publisher)
     if book is not None and bootstrap:
+
+        async def routing_topic() -> None:  # the follower may start before the workers
+            await kafka.create_topics(
+                bootstrap,
+                {topics.routing: 1},
+                settings.kafka.replication_factor,
+                security=settings.kafka.security,
+                configs=topics.configs(),
+                min_insync_replicas=settings.kafka.min_insync,
+            )
+
         gateway.follower = ShareFollower(
-            bootstrap, topics.routing, book, security=settings.kafka.security
+            bootstrap, topics.routing, book, security=settings.kafka.security, prepare=routing_topic
         )
     otlp = settings.otlp
     gateway.otlp_options = {

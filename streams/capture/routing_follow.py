@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiokafka import TopicPartition
 
@@ -43,7 +44,9 @@ class ShareFollower:
         security: KafkaSecuritySettings | None = None,
         codec: SchemaRegistry | None = None,
         catch_up_s: float = 10.0,
+        prepare: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        self.prepare = prepare
         self.bootstrap = bootstrap
         self.topic = topic
         self.book = book
@@ -55,6 +58,8 @@ class ShareFollower:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self.prepare is not None:
+            await self.prepare()  # the topic exists before it is read
         consumer = self._consumer
         await consumer.start()
         tp = TopicPartition(self.topic, 0)

@@ -208,7 +208,12 @@ def decide_rollout(
                 f"drift: window mean {alert.mean:.4g} < {alert.fraction:g} x trailing "
                 f"{alert.trailing_mean:.4g} ({alert.model})"
             )
-            changes.append(_change(state, current, cfg.floor, "drift", reason, now, cfg, []))
+            latest = [
+                c for c in comparisons if c.agent_name == current.agent_name and c.span == "window"
+            ]
+            changes.append(
+                _change(state, current, cfg.floor, "drift", reason, now, cfg, latest[-1:])
+            )
             current.rolled_back, current.wins, current.losses = True, 0, 0
             _hold(state, current.agent_name, None, now)
     return changes

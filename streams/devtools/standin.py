@@ -55,7 +55,7 @@ HTTP (nothing listens): it ends after ``seconds``, or in process via :meth:`Stan
 Faults never affect ``/_standin/`` routes or the chat, models, health and metrics routes
 (except ``down``, which affects everything).
 
-Why one module of ~750 lines (and a class, StandIn, of ~400): it is one server whose routes
+Why one module (of some 950 lines, and a class, StandIn, of some 520): it is one server whose routes
 share one state and one fault switch; the gateway work edits it in parallel, so it is split only
 after that lands.
 

@@ -39,7 +39,7 @@ from aiokafka.errors import KafkaError
 from ..codec import SchemaRegistry
 from ..errors import BrokerError, ConfigError, RecordError
 from ..io import kafka
-from ..models import CommitRecord, DeadLetter, DriftAlert, utcnow
+from ..models import CommitRecord, Comparison, DeadLetter, DriftAlert, RoutingShare, utcnow
 from ..settings import Settings
 from ..topics import Topics
 
@@ -287,6 +287,10 @@ class Status:
     partitions: int
     dead_letters_total: int = 0  # exact, from the offsets
     hints: list[Hint] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    """The newest comparison of the policy with production per agent and span (last hour)."""
+    routing: list[RoutingShare] = field(default_factory=list)
+    """The newest routing share per agent (gateway.rollout)."""
 
     @property
     def total_lag(self) -> int:
@@ -397,6 +401,21 @@ async def collect(
         if r.exists(topics.alerts)
         else []
     )
+    compared = (
+        r.decode(await r.since(topics.comparisons, recent_from), Comparison)
+        if r.exists(topics.comparisons)
+        else []
+    )
+    newest_cmp = {(c.agent_name, c.span): c for c in compared}
+    shares = (
+        r.decode(await r.tail(topics.routing, 200), RoutingShare)
+        if r.exists(topics.routing)
+        else []
+    )
+    newest_share: dict[str, RoutingShare] = {}
+    for share in shares:
+        if share.version >= getattr(newest_share.get(share.agent_name), "version", -1):
+            newest_share[share.agent_name] = share
     late = await _count_since(r, topics.late_events, recent_from)
     letters_total = await _count_since(r, topics.dead_letters, recent_from)
     open_calls = await _open_calls(
@@ -422,6 +441,8 @@ async def collect(
         alerts=alerts,
         partitions=settings.kafka.partitions,
         dead_letters_total=letters_total,
+        comparisons=[newest_cmp[k] for k in sorted(newest_cmp)],
+        routing=[newest_share[a] for a in sorted(newest_share)],
     )
     status.hints = hints(status)
     return status
@@ -566,6 +587,17 @@ def hints(s: Status) -> list[Hint]:
                 "recovers; once the drop is understood: `trajstream commits resume`",
             )
         )
+    for share in s.routing:
+        if share.action in ("rollback", "drift"):
+            out.append(
+                Hint(
+                    "warning",
+                    f"the policy of {share.agent_name} was rolled back to share {share.share:g} "
+                    f"({share.reason}); commits are held",
+                    "check the policy's checkpoint; then `trajstream routing resume --agent "
+                    f"{share.agent_name}`",
+                )
+            )
     for alert in s.alerts:
         out.append(
             Hint(
@@ -634,6 +666,34 @@ def render(s: Status, console: Any) -> None:
         )
     console.print(commits if s.commits else "last commits: none yet")
 
+    if s.comparisons:
+        shares = {r.agent_name: r for r in s.routing}
+        cmp = Table(title="policy vs production (newest, Welch)", title_justify="left")
+        for col in (
+            "agent",
+            "span",
+            "policy n / mean",
+            "production n / mean",
+            "difference",
+            "verdict",
+            "share",
+        ):
+            cmp.add_column(col)
+        for cm in s.comparisons:
+            share = shares.get(cm.agent_name)
+            cmp.add_row(
+                cm.agent_name,
+                cm.span if cm.span == "window" else f"{cm.windows} windows",
+                f"{cm.policy_count} / {_fmt(cm.policy_mean)}",
+                f"{cm.production_count} / {_fmt(cm.production_mean)}",
+                "-"
+                if cm.difference is None
+                else f"{cm.difference:+.3f} [{cm.lower:+.3f}, {cm.upper:+.3f}] @ {cm.level:.0%}",
+                cm.verdict,
+                "-" if share is None else f"{share.share:g} ({share.action})",
+            )
+        console.print(cmp)
+
     if s.recent_dead_letters:
         letters = Table(title="dead letters (last hour, newest)", title_justify="left")
         for col in ("at", "stage", "source", "reason"):
@@ -651,3 +711,7 @@ def render(s: Status, console: Any) -> None:
     for h in s.hints:
         color = {"error": "red", "warning": "yellow"}.get(h.level, "cyan")
         console.print(Panel(f"{h.what}\n[dim]→ {h.do}[/]", title=h.level, border_style=color))
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"

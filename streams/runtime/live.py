@@ -45,7 +45,7 @@ import os
 import socket
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,11 +57,11 @@ from mode.utils.times import want_seconds
 from ..codec import SchemaRegistry
 from ..core.assemble import Assembler
 from ..core.clock import wall_clock
-from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.effects import Out, Reject, Source, dead_letter
 from ..core.feedback import FeedbackRequest, deliver
 from ..core.judge import JudgeAnswerError
-from ..core.ledger import CommitPlan, due_commit, is_held
+from ..core.ledger import CommitPlan, is_held
+from ..core.ledger_batch import run_batch
 from ..core.ledger_stage import LedgerStage
 from ..core.pending import is_head_key
 from ..core.retry import RetryPolicy
@@ -143,9 +143,10 @@ class Pipeline:
     The seams: ``trinity`` builds the HTTP client (tests pass one with a mock transport),
     ``strategy`` and ``rewarder`` override what the settings name.
 
-    Why one class of ~350 lines: it is the wiring, read top to bottom in the order data flows
-    (topics, tables, the four agents, the clocks, then how each stage's output is sent); the
-    decisions are all in :mod:`streams.core`.
+    Why one class: it is the wiring, read top to bottom in the order data flows (topics,
+    tables, the agents, the clocks, then one guard and how each stage's output is sent, and
+    the ports the core's feedback step and ledger sequence run over); the decisions are all in
+    :mod:`streams.core`.
     """
 
     def __init__(
@@ -459,19 +460,38 @@ class Pipeline:
     # -- sending what the core decided ---------------------------------------------------------
 
     async def _guard(self, stage: str, event: Any, step: Callable[[Source, datetime], Out]) -> None:
-        """Run one stage step on a record and send what it decided; anything it could not
-        handle becomes a dead letter, never a crash."""
-        src = source_of(event)
-        self.metrics.event_in(src.topic)
+        """Run one stage step on a record and send what it decided."""
+
+        async def run(src: Source) -> Out:
+            return step(src, wall_clock())
+
+        await self._guarded(stage, source_of(event), run)
+
+    async def _guarded(
+        self,
+        stage: str,
+        src: Source,
+        run: Callable[[Source], Awaitable[Out]],
+        *,
+        expected: tuple[type[Exception], ...] = (),
+        count: bool = True,
+    ) -> Out:
+        """The one guard of every stage: run it on a record and send what it decided; anything
+        it could not handle becomes a dead letter of ``stage``, never a crash (logged with its
+        traceback unless it is one of the ``expected`` errors, which say all in their reason)."""
+        if count:
+            self.metrics.event_in(src.topic)
         try:
-            out = step(src, wall_clock())
+            out = await run(src)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("%s: unexpected error on %s", stage, src.where())
+            if not isinstance(exc, expected):
+                log.exception("%s: unexpected error on %s", stage, src.where())
             out = Out()
             out.reject(Reject(stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
         await self._send(out)
+        return out
 
     async def _send(self, out: Out) -> None:
         self.stats.update(out.stats)
@@ -525,61 +545,48 @@ class Pipeline:
     async def _judge_guarded(self, event: Any) -> None:
         """One judge request: its verdict (scored or not) on ``<p>.verdicts``; a request that
         cannot be read is a ``judge`` dead letter. Never raises for what the judge answers."""
-        src = source_of(event)
-        self.metrics.event_in(src.topic)
-        out = Out()
-        try:
-            request = self.codec.decode_as(src.value, JudgeRequest)
-            if request.call_id in self._judged:
-                # made again for a redelivered trajectory; this process answered it already,
-                # and the reward stage reads that verdict (after a restart it is asked again,
-                # and the reward stage keeps the first verdict)
-                self.stats["judge.skipped"] += 1
-                return
-
-            def retried() -> None:
-                self.stats["judge.retries"] += 1
-                self.metrics.judge_retry()
-
-            verdict = await judge(
-                self.judge_client,
-                request,
-                self.judge_policy,
-                on_retry=retried,
-                clock=lambda: wall_clock(),  # the reward stage's clock: requested_at is in it
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, RecordError | JudgeAnswerError):
-                log.exception("judge: unexpected error on %s", src.where())
-            out.reject(Reject("judge", str(exc) or type(exc).__name__, type(exc).__name__, src))
-        else:
-            self.stats["judge.verdicts" if verdict.error is None else "judge.failed"] += 1
-            self.metrics.judge_verdict(scored=verdict.error is None)
-            if verdict.error is not None:
-                log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
-            out.emit("verdicts", verdict.call_id.encode(), verdict)
-        await self._send(out)
+        out = await self._guarded(
+            "judge", source_of(event), self._judge_step, expected=(RecordError, JudgeAnswerError)
+        )
         if out.emits:
             self._judged[out.emits[0].record.call_id] = None  # type: ignore[attr-defined]
             while len(self._judged) > JUDGED_REMEMBERED:
                 self._judged.popitem(last=False)
 
+    async def _judge_step(self, src: Source) -> Out:
+        out = Out()
+        request = self.codec.decode_as(src.value, JudgeRequest)
+        if request.call_id in self._judged:
+            # made again for a redelivered trajectory; this process answered it already,
+            # and the reward stage reads that verdict (after a restart it is asked again,
+            # and the reward stage keeps the first verdict)
+            self.stats["judge.skipped"] += 1
+            return out
+
+        def retried() -> None:
+            self.stats["judge.retries"] += 1
+            self.metrics.judge_retry()
+
+        verdict = await judge(
+            self.judge_client,
+            request,
+            self.judge_policy,
+            on_retry=retried,
+            clock=lambda: wall_clock(),  # the reward stage's clock: requested_at is in it
+        )
+        self.stats["judge.verdicts" if verdict.error is None else "judge.failed"] += 1
+        self.metrics.judge_verdict(scored=verdict.error is None)
+        if verdict.error is not None:
+            log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
+        out.emit("verdicts", verdict.call_id.encode(), verdict)
+        return out
+
     # -- 3. feedback -------------------------------------------------------------------------
 
     async def _feedback_guarded(self, event: Any) -> None:
-        src = source_of(event)
-        try:
-            await self._feedback(src)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, RecordError):
-                log.exception("feedback: unexpected error on %s", src.where())
-            out = Out()
-            out.reject(Reject("feedback", str(exc) or type(exc).__name__, type(exc).__name__, src))
-            await self._send(out)
+        await self._guarded(
+            "feedback", source_of(event), self._feedback, expected=(RecordError,), count=False
+        )
 
     async def send_feedback(self, request: FeedbackRequest, what: str) -> int:
         """The feedback stage's port (:class:`~streams.core.feedback.FeedbackPort`): one
@@ -604,57 +611,56 @@ class Pipeline:
             raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
         return tries
 
-    async def _feedback(self, src: Source) -> None:
+    async def _feedback(self, src: Source) -> Out:
         rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
         started = time.monotonic()
         ack = await deliver(rewarded, self.send_feedback, utcnow)
         self.stats["feedback.acked"] += 1
         self.metrics.feedback_acked(time.monotonic() - started)
-        await self.t_ledger.send(
-            key=rewarded.trajectory_id.encode(), value=self.codec.encode(ack), partition=0
-        )
+        out = Out()
+        out.emit("ledger", rewarded.trajectory_id.encode(), ack)  # partition 0: see _send
+        return out
 
     # -- 4. ledger ---------------------------------------------------------------------------
 
     async def _ledger(self, events: list[Any]) -> None:
-        """Apply a batch of ledger records, then decide windows and commits once."""
+        """Apply a batch of ledger records, then decide windows and commits once (the core's
+        one sequence, :func:`~streams.core.ledger_batch.run_batch`)."""
+        for e in events:
+            self.metrics.event_in(e.message.topic)
+        sources = [source_of(e) for e in events]
+
+        async def read(state: LedgerState) -> list[Source]:
+            return sources
+
         async with self._ledger_lock:
-            state = self.ledger_stage.load()
-            if state.pending_commit is not None:
-                await self._recorded(await resolve_commit(state, self.trinity))
-            for e in events:
-                self.metrics.event_in(e.message.topic)
-            applied = self.ledger_stage.apply(state, [source_of(e) for e in events], utcnow())
-            out, plan = self.ledger_stage.decide(state, utcnow(), final=applied.final)
-            for alert in out.records("alerts"):
-                assert isinstance(alert, DriftAlert)
-                log.warning(
-                    "reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
-                    alert.agent_name,
-                    alert.model,
-                    alert.mean,
-                    alert.fraction,
-                    alert.trailing_mean,
-                )
-            await self._send(out)
+            batch = await run_batch(self.ledger_stage, self, read, utcnow)
+            self.metrics.ledger(batch.state)
+        await self._send(batch.applied)
+
+    # the ledger sequence's port (streams.core.ledger_batch.LedgerPort); `trinity` above
+
+    async def send_decided(self, out: Out) -> None:
+        for alert in out.records("alerts"):
+            assert isinstance(alert, DriftAlert)
+            log.warning(
+                "reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
+                alert.agent_name,
+                alert.model,
+                alert.mean,
+                alert.fraction,
+                alert.trailing_mean,
+            )
+        await self._send(out)
+
+    async def write_ahead(self, state: LedgerState) -> None:
+        self.ledger_stage.save(state)
+        await self.app.producer.flush()
+
+    async def recorded(self, record: CommitRecord | None, plan: CommitPlan | None) -> None:
+        if record is None:
             if plan is not None:
-                await self._commit(state, plan)
-            self.ledger_stage.save(state)
-            self.metrics.ledger(state)
-        await self._send(applied.out)
-
-    async def _commit(self, state: LedgerState, plan: CommitPlan) -> None:
-        async def write_ahead(state: LedgerState) -> None:
-            self.ledger_stage.save(state)
-            await self.app.producer.flush()
-
-        record = await write_ahead_commit(state, plan, self.trinity, write_ahead)
-        if record is None:
-            self.stats["commit.failures"] += 1
-        await self._recorded(record)
-
-    async def _recorded(self, record: CommitRecord | None) -> None:
-        if record is None:
+                self.stats["commit.failures"] += 1
             return
         held = is_held(record)
         self.stats[
@@ -679,27 +685,25 @@ class Pipeline:
         """On a graceful stop: commit what was acknowledged, if this worker holds the ledger."""
         if not self.ledger_stage.exists():
             return
+
+        async def read(state: LedgerState) -> list[Source]:
+            # the consumer stopped before this signal: acknowledgements already on the
+            # ledger that the ledger agent had not taken are applied here (each offset
+            # once, so the next owner skips them), so that the final commit counts them
+            unread = await self._unread_ledger(state.applied_offset)
+            if unread:
+                log.info(
+                    "final commit: %d ledger records read after the consumer stopped",
+                    len(unread),
+                )
+            return unread
+
         async with self._ledger_lock:
-            state = self.ledger_stage.load()
             try:
-                if state.pending_commit is not None:
-                    await self._recorded(await resolve_commit(state, self.trinity))
-                # the consumer stopped before this signal: acknowledgements already on the
-                # ledger that the ledger agent had not taken are applied here (each offset
-                # once, so the next owner skips them), so that the final commit counts them
-                unread = await self._unread_ledger(state.applied_offset)
-                if unread:
-                    log.info(
-                        "final commit: %d ledger records read after the consumer stopped",
-                        len(unread),
-                    )
-                applied = self.ledger_stage.apply(state, unread, utcnow())
-                await self._send(applied.out)
-                plan = due_commit(state, utcnow(), self.ledger_cfg, final=True)
-                if plan is not None:
-                    log.info("final commit of %d acknowledged feedbacks", plan.count)
-                    await self._commit(state, plan)
-                self.ledger_stage.save(state)
+                batch = await run_batch(self.ledger_stage, self, read, utcnow, closing=True)
+                if batch.plan is not None:
+                    log.info("final commit of %d acknowledged feedbacks", batch.plan.count)
+                await self._send(batch.applied)
                 await self.app.producer.flush()
             except Exception:  # the stop goes on; the next owner commits the batch
                 log.exception("final commit failed")

@@ -11,6 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -18,31 +19,36 @@ ROOT = Path(__file__).resolve().parents[2]
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ ;\\]+)")
 
 
-def _pins() -> dict[str, str]:
+def _pins(name: str = "requirements.lock") -> dict[str, str]:
     pins: dict[str, str] = {}
-    for line in (ROOT / "requirements.lock").read_text(encoding="utf-8").splitlines():
+    for line in (ROOT / name).read_text(encoding="utf-8").splitlines():
         m = PIN.match(line)
         if m:
             pins[canonicalize_name(m.group(1))] = m.group(2)
     return pins
 
 
-def _requirements() -> list[Requirement]:
+def _requirements(test: bool = True) -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    wanted = list(project["dependencies"]) + list(project["optional-dependencies"]["test"])
+    wanted = list(project["dependencies"])
+    if test:
+        wanted += list(project["optional-dependencies"]["test"])
     return [Requirement(r) for r in wanted]
 
 
-def test_every_requirement_is_pinned_within_its_bounds() -> None:
-    pins = _pins()
+@pytest.mark.parametrize(
+    ("lock", "test"), [("requirements.lock", True), ("requirements-runtime.lock", False)]
+)
+def test_every_requirement_is_pinned_within_its_bounds(lock: str, test: bool) -> None:
+    pins = _pins(lock)
     wrong = []
-    for req in _requirements():
+    for req in _requirements(test):
         pin = pins.get(canonicalize_name(req.name))
         if pin is None:
             # a requirement only for other platforms may be left out by a marker; not here
-            wrong.append(f"{req}: not in requirements.lock")
+            wrong.append(f"{req}: not in {lock}")
         elif not req.specifier.contains(pin, prereleases=True):
-            wrong.append(f"{req}: requirements.lock pins {pin}")
+            wrong.append(f"{req}: {lock} pins {pin}")
     assert not wrong, "compile the lock again (README, Dependencies):\n" + "\n".join(wrong)
 
 
@@ -56,7 +62,14 @@ def test_faust_is_the_version_the_handover_patch_is_for() -> None:
     assert _pins()["faust-streaming"] == FAUST_VERSION
 
 
-def test_every_pin_has_hashes() -> None:
-    text = (ROOT / "requirements.lock").read_text(encoding="utf-8")
+def test_the_image_lock_is_the_dev_lock_without_the_test_tools() -> None:
+    full, runtime = _pins(), _pins("requirements-runtime.lock")
+    assert runtime.keys() < full.keys()
+    assert {n: v for n, v in runtime.items() if full[n] != v} == {}
+
+
+@pytest.mark.parametrize("lock", ["requirements.lock", "requirements-runtime.lock"])
+def test_every_pin_has_hashes(lock: str) -> None:
+    text = (ROOT / lock).read_text(encoding="utf-8")
     blocks = [b for b in re.split(r"\n(?=[A-Za-z0-9])", text) if PIN.match(b)]
     assert blocks and all("--hash=sha256:" in b for b in blocks)

@@ -225,3 +225,32 @@ def test_a_commit_not_sent_for_nothing_ready_is_not_a_hold():
     )
     assert not record.held and record.held_reason == ""
     assert hints(snapshot(commits=[record])) == []
+
+
+def test_the_comparison_and_a_rollback_show_on_the_screen_and_as_a_hint():
+    from streams.models import RoutingShare
+    from tests.unit.factories import comparison
+
+    rollback = RoutingShare(
+        agent_name="researcher",
+        share=0.0,
+        previous_share=0.3,
+        version=4,
+        effective_at=at(3600),
+        decided_at=at(3595),
+        action="rollback",
+        reason="worse than production with confidence for 1 window(s)",
+    )
+    s = snapshot(
+        comparisons=[comparison(), comparison(span="trailing", windows=3, verdict="worse")],
+        routing=[rollback],
+    )
+    buffer = io.StringIO()
+    render(s, Console(file=buffer, width=200))
+    screen = buffer.getvalue()
+    assert "policy vs production" in screen
+    assert "+0.200 [+0.120, +0.280] @ 95%" in screen and "3 windows" in screen
+    assert "0 (rollback)" in screen
+    (hint,) = [h for h in hints(s) if "rolled back" in h.what]
+    assert "trajstream routing resume --agent researcher" in hint.do
+    assert s.to_json()["routing"][0]["action"] == "rollback"

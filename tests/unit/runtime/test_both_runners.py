@@ -1,6 +1,7 @@
 """One table of cases through both runners: the live worker's handlers (Faust's tables swapped
 for in-memory stores, its topics for lists, the wall clock for a fake one) and replay's runner.
-Both must give the same decisions, trajectories, rewards, feedback requests and rejects with
+Both must give the same decisions, trajectories, rewards, feedback requests (and the
+acknowledgements for the ledger), judge requests and rejects with
 the same reasons: they run one core, and only the clock's source differs."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import streams.runtime.live as live
 from streams.codec import SchemaRegistry
 from streams.core.backfill import plan_feedback
-from streams.core.feedback import feedback_requests
+from streams.core.feedback import FeedbackRequest, deliver
 from streams.core.store import MemoryStore
 from streams.devtools.standin import judge_score
 from streams.io.judge import JudgeClient, judge
@@ -25,6 +26,8 @@ from streams.models import (
     AvroModel,
     CommitRecord,
     DeadLetter,
+    FeedbackAck,
+    JudgeRequest,
     RewardedTrajectory,
     SelectionDecision,
     StepKind,
@@ -148,6 +151,10 @@ class Result:
     rewards: list[RewardedTrajectory]
     feedback: list[tuple[list[str], float]]
     rejects: list[tuple[str, str]]
+    acks: list[tuple[str, int, int]]
+    """(trajectory, attempts, requests) of each FeedbackAck for the ledger."""
+    judge_requests: list[JudgeRequest]
+    """Without requested_at: the live stage dates them by its clock, replay by record time."""
 
 
 class Sink:
@@ -274,7 +281,13 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         decoded("rewarded"),
         trinity.feedbacks,
         sorted((d.stage, d.reason) for d in letters),
+        [(a.rewarded.trajectory_id, a.attempts, a.feedbacks) for a in decoded("ledger")],
+        [_undated(r) for r in decoded("judge_requests")],
     )
+
+
+def _undated(request: JudgeRequest) -> JudgeRequest:
+    return request.model_copy(update={"requested_at": at(0)})
 
 
 def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
@@ -293,6 +306,7 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
         key = key if key is not None else getattr(record, "call_id", "").encode()
         runner.feed(SourceRecord(kind, 0, offset, at(seconds), key, CODEC.encode(record)))  # type: ignore[arg-type]
     runner.finish(at(until))
+    judge_requested = list(runner.judge_requests.values())
     if runner.judge_requests:  # as run_replay asks for the calls without a stored verdict
 
         async def ask() -> list[Any]:
@@ -304,16 +318,26 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
 
         runner.add_verdicts(asyncio.run(ask()))
     rewards = [r for _, r in runner.scored()]
+    sent: list[tuple[list[str], float]] = []
+
+    async def send(request: FeedbackRequest, what: str) -> int:  # replay's send, one attempt
+        sent.append((request.msg_ids, request.reward))
+        return 1
+
+    async def deliver_all() -> list[FeedbackAck]:
+        # what send_to_trinity does for each planned trajectory
+        planned = plan_feedback(rewards, set()).send
+        return [await deliver(r, send, lambda: at(until)) for r in planned]
+
+    acks = asyncio.run(deliver_all())
     return Result(
         runner.decisions,
         [o.trajectory for o in runner.outcomes],
         rewards,
-        [
-            (q.msg_ids, q.reward)
-            for r in plan_feedback(rewards, set()).send
-            for q in feedback_requests(r)
-        ],
+        sent,
         sorted((r.stage, r.reason) for r in runner.rejects),
+        [(a.rewarded.trajectory_id, a.attempts, a.feedbacks) for a in acks],
+        [_undated(r) for r in judge_requested],
     )
 
 
@@ -327,6 +351,8 @@ def test_both_runners_decide_alike(case: str, monkeypatch: pytest.MonkeyPatch) -
     assert mine.rewards == theirs.rewards
     assert mine.feedback == theirs.feedback
     assert mine.rejects == theirs.rejects
+    assert mine.acks == theirs.acks
+    assert mine.judge_requests == theirs.judge_requests
     assert mine.decisions  # every case closes something
 
 
@@ -339,6 +365,8 @@ def test_the_cases_cover_what_matters() -> None:
     assert any(d.closed_reason.startswith("abandoned") for r in results for d in r.decisions)
     assert any(fb for r in results for t in r.rewards for fb in [t.reward != 0.5])
     assert any(len(r.feedback) > len(r.rewards) for r in results)  # per-step requests
+    assert any(r.judge_requests for r in results)
+    assert any(requests > 1 for r in results for _, _, requests in r.acks)
 
 
 def test_the_live_ledger_records_experiences_on_its_first_commit(
