@@ -298,6 +298,16 @@ async def agents_sdk_run(base_url: str, *, stream: bool = False) -> list[str]:
     return [str(r.response_id) for r in result.raw_responses]
 
 
+def ends(n: int) -> Any:
+    """read_topic's ``until``: ``n`` calls ended (a fresh topic's first read may see nothing)."""
+
+    def until(records: list[Any]) -> bool:
+        ended = [r for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.END]
+        return len({r.call_id for r in ended}) >= n
+
+    return until
+
+
 def msg_id(client_id: str) -> str:
     """Trinity's chat completion id inside the id the client got (resp_... or msg_...)."""
     head, _, rest = client_id.partition("_")
@@ -355,7 +365,7 @@ async def test_route_mode_every_client_becomes_one_trajectory_and_trinity_gets_i
     assert set(standin.state.experiences) == {i for ids in served.values() for i in ids}
 
     topics = Topics(prefix, 4)
-    records = await read_topic(kafka_bootstrap, topics.agent_events)
+    records = await read_topic(kafka_bootstrap, topics.agent_events, until=ends(len(served)))
     for name, ids in served.items():
         steps = check_once(events_of(records, name), ["LLM", "TOOL", "LLM"])
         assert [s.response_id for s in steps if s.kind is StepKind.LLM] == ids
@@ -381,7 +391,9 @@ async def test_route_mode_every_client_becomes_one_trajectory_and_trinity_gets_i
     wanted = {tuple(ids) for ids in served.values()}
     await wait_for(lambda: set(fed_back()) >= wanted, timeout=90, what="a /feedback per call")
     assert set(fed_back()) == wanted and all(n == 1 for n in fed_back().values())
-    trajectories = await read_topic(kafka_bootstrap, topics.trajectories)
+    trajectories = await read_topic(
+        kafka_bootstrap, topics.trajectories, until=lambda rs: len(rs) >= len(served)
+    )
     assert sorted(t.call_id for t in trajectories if isinstance(t, Trajectory)) == sorted(served)
 
 
@@ -435,7 +447,7 @@ async def test_production_answers_and_the_step_is_production_s_or_trinity_s_shad
     openai_side = [h for h in api.headers if h not in anthropic_side]
     assert all(h.get("Authorization") == "Bearer sk-test-secret" for h in openai_side)
 
-    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
+    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events, until=ends(7))
     trinity_ids = set(standin.state.experiences)
     for call_id, name in (
         ("r1", "responses-json"),
@@ -556,7 +568,7 @@ async def test_client_keys_guard_the_responses_and_messages_routes_too(
         for call_id in ("k-True", "m-True"):
             await end(gw, call_id, "sk-agent-key-1")
         assert await gw.publisher.flush(30)
-    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
+    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events, until=ends(2))
     assert {getattr(r, "call_id", "") for r in records} <= {"k-True", "m-True"}
     starts = [r for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.START]
     assert sorted(s.call_id for s in starts) == ["k-True", "m-True"]
