@@ -164,10 +164,9 @@ async def _demo(settings: Settings, *, calls: int, agents: int) -> int:
         expected = [s for s in sims if _selected(strategy, s)]
         wanted = {m for s in expected for m in s.msg_ids}
         ok = await _wait_committed(standin, wanted, worker, log_path)
-        windows_expected = len({(s.agent, s.model) for s in expected})
-        topics = await _read_back(
-            bootstrap, Topics(prefix, settings.kafka.partitions), len(expected), windows_expected
-        )
+        # every call the gateway routed is scored, the production-answered ones for the
+        # comparison (streams.core.arms), so every call becomes one trajectory
+        topics = await _read_back(bootstrap, Topics(prefix, settings.kafka.partitions), len(sims))
         _stop_process(worker)
         return _summary(sims, expected, standin, topics, ok)
     return 1  # pragma: no cover - unreachable
@@ -254,7 +253,7 @@ async def _wait_committed(
 
 
 async def _read_back(
-    bootstrap: str, topics: Topics, trajectories: int, pairs: int
+    bootstrap: str, topics: Topics, trajectories: int
 ) -> dict[str, list[AvroModel]]:
     """Read the output topics; waits briefly for the reward windows to close."""
     codec = SchemaRegistry.default()
@@ -305,12 +304,14 @@ def _summary(
     )
     by_trinity = sum(s.upstream == "trinity" for s in sims)
     trajectories = [t for t in topics["trajectories"] if isinstance(t, Trajectory)]
+    trained = [t for t in trajectories if t.upstream != "production"]
+    compared = [t for t in trajectories if t.upstream == "production"]
     rewarded = [r for r in topics["rewarded"] if isinstance(r, RewardedTrajectory)]
     windows = [w for w in topics["windows"] if isinstance(w, WindowSummary)]
     commits = [c for c in topics["commits"] if isinstance(c, CommitRecord)]
     letters = [d for d in topics["dead_letters"] if isinstance(d, DeadLetter)]
     acked = [f for f in state.feedback if f.status == 200]
-    reasons = Counter(t.selection.reason for t in trajectories)
+    reasons = Counter(t.selection.reason for t in trained)
 
     table = Table(title="trajstream demo", show_header=True)
     table.add_column("stage")
@@ -333,7 +334,10 @@ def _summary(
         "selected", str(len(expected)), ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
     )
     table.add_row(
-        "trajectories", str(len(trajectories)), f"{sum(len(t.steps) for t in trajectories)} steps"
+        "trajectories",
+        str(len(trajectories)),
+        f"{sum(len(t.steps) for t in trajectories)} steps; {len(trained)} trained, "
+        f"{len(compared)} production's (scored for the comparison, not sent to Trinity)",
     )
     mean = sum(r.reward for r in rewarded) / len(rewarded) if rewarded else 0.0
     table.add_row("rewards", str(len(rewarded)), f"mean {mean:.3f}")
@@ -358,13 +362,24 @@ def _summary(
     console.print(table)
 
     wtable = Table(title="rewards per window", show_header=True)
-    for col in ("window start", "agent", "model", "count", "mean", "min", "max", "success"):
+    for col in (
+        "window start",
+        "agent",
+        "model",
+        "upstream",
+        "count",
+        "mean",
+        "min",
+        "max",
+        "success",
+    ):
         wtable.add_column(col)
-    for w in sorted(windows, key=lambda w: (w.window_start, w.agent_name)):
+    for w in sorted(windows, key=lambda w: (w.window_start, w.agent_name, w.upstream or "")):
         wtable.add_row(
             w.window_start.strftime("%H:%M:%S"),
             w.agent_name,
             w.model,
+            w.upstream or "-",
             str(w.count),
             f"{w.mean:.3f}",
             f"{w.min:.3f}",
@@ -374,7 +389,8 @@ def _summary(
     console.print(wtable)
 
     checks = {
-        "every selected call became one trajectory": len(trajectories) == len(expected),
+        "every selected call became one trajectory": len(trained) == len(expected),
+        "every production call scored, none trained": len(compared) == len(sims) - by_trinity,
         "one feedback per trajectory at the stand-in": len(acked) == len(expected),
         "every msg_id of the selected calls trained": set(state.trained)
         == {m for s in expected for m in s.msg_ids},
