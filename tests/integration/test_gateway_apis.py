@@ -171,8 +171,9 @@ async def running_gateway(
         await gw.stop(flush_timeout=5)
 
 
-async def end(gw: Gateway, call_id: str) -> None:
-    async with aiohttp.ClientSession() as http:
+async def end(gw: Gateway, call_id: str, key: str | None = None) -> None:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession(headers=headers) as http:
         async with http.post(f"{gw.url}/calls/{call_id}/end", json={"status": "OK"}) as r:
             assert r.status == 202
 
@@ -297,6 +298,16 @@ async def agents_sdk_run(base_url: str, *, stream: bool = False) -> list[str]:
     return [str(r.response_id) for r in result.raw_responses]
 
 
+def ends(n: int) -> Any:
+    """read_topic's ``until``: ``n`` calls ended (a fresh topic's first read may see nothing)."""
+
+    def until(records: list[Any]) -> bool:
+        ended = [r for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.END]
+        return len({r.call_id for r in ended}) >= n
+
+    return until
+
+
 def msg_id(client_id: str) -> str:
     """Trinity's chat completion id inside the id the client got (resp_... or msg_...)."""
     head, _, rest = client_id.partition("_")
@@ -354,7 +365,7 @@ async def test_route_mode_every_client_becomes_one_trajectory_and_trinity_gets_i
     assert set(standin.state.experiences) == {i for ids in served.values() for i in ids}
 
     topics = Topics(prefix, 4)
-    records = await read_topic(kafka_bootstrap, topics.agent_events)
+    records = await read_topic(kafka_bootstrap, topics.agent_events, until=ends(len(served)))
     for name, ids in served.items():
         steps = check_once(events_of(records, name), ["LLM", "TOOL", "LLM"])
         assert [s.response_id for s in steps if s.kind is StepKind.LLM] == ids
@@ -380,7 +391,9 @@ async def test_route_mode_every_client_becomes_one_trajectory_and_trinity_gets_i
     wanted = {tuple(ids) for ids in served.values()}
     await wait_for(lambda: set(fed_back()) >= wanted, timeout=90, what="a /feedback per call")
     assert set(fed_back()) == wanted and all(n == 1 for n in fed_back().values())
-    trajectories = await read_topic(kafka_bootstrap, topics.trajectories)
+    trajectories = await read_topic(
+        kafka_bootstrap, topics.trajectories, until=lambda rs: len(rs) >= len(served)
+    )
     assert sorted(t.call_id for t in trajectories if isinstance(t, Trajectory)) == sorted(served)
 
 
@@ -434,7 +447,7 @@ async def test_production_answers_and_the_step_is_production_s_or_trinity_s_shad
     openai_side = [h for h in api.headers if h not in anthropic_side]
     assert all(h.get("Authorization") == "Bearer sk-test-secret" for h in openai_side)
 
-    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
+    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events, until=ends(7))
     trinity_ids = set(standin.state.experiences)
     for call_id, name in (
         ("r1", "responses-json"),
@@ -515,3 +528,48 @@ async def test_bad_requests_get_each_api_s_error_shape_and_are_recorded_nowhere(
     records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events)
     assert [r for r in records if getattr(r, "call_id", "") in ("bad-1", "bad-2", "bad-3")] == []
     assert api.headers == []  # nothing refused reached production
+
+
+async def test_client_keys_guard_the_responses_and_messages_routes_too(
+    kafka_bootstrap: str,
+    prefix: str,
+    standin: StandIn,
+    production: tuple[StandIn, ApiProduction],
+    tmp_path: Path,
+) -> None:
+    """With ``gateway.api_keys``, the new routes are no open relay: the ``openai`` client's
+    bearer key and the ``anthropic`` client's ``x-api-key`` are checked, a wrong one is 401
+    and recorded nowhere, and a key naming its agent names the recorded call's agent."""
+    _, api = production
+    keys = [{"key": "sk-agent-key-1", "agent": "keyed-bot"}]
+    async with running_gateway(
+        kafka_bootstrap, prefix, standin.url, api.url, tmp_path / "spill", api_keys=keys
+    ) as gw:
+        for key, ok in (("sk-wrong-key-9", False), ("sk-agent-key-1", True)):
+            client = openai.AsyncOpenAI(
+                base_url=f"{gw.url}/calls/k-{ok}/v1", api_key=key, max_retries=0
+            )
+            claude = anthropic.AsyncAnthropic(
+                base_url=f"{gw.url}/calls/m-{ok}", api_key=key, max_retries=0
+            )
+            if ok:
+                assert (await client.responses.create(model="m", input="hi")).output_text
+                message = await claude.messages.create(
+                    model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+                )
+                assert message.content[0].type == "text"
+            else:
+                with pytest.raises(openai.AuthenticationError):
+                    await client.responses.create(model="m", input="hi")
+                with pytest.raises(anthropic.AuthenticationError):
+                    await claude.messages.create(
+                        model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+                    )
+        for call_id in ("k-True", "m-True"):
+            await end(gw, call_id, "sk-agent-key-1")
+        assert await gw.publisher.flush(30)
+    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events, until=ends(2))
+    assert {getattr(r, "call_id", "") for r in records} <= {"k-True", "m-True"}
+    starts = [r for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.START]
+    assert sorted(s.call_id for s in starts) == ["k-True", "m-True"]
+    assert {s.agent_name for s in starts} == {"keyed-bot"}
