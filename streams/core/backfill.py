@@ -57,8 +57,8 @@ __all__ = [
     "plan_feedback",
     "read_ledger",
     "replay_id",
-    "uncommitted_acks",
     "replayed_topic",
+    "uncommitted_acks",
 ]
 
 

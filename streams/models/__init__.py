@@ -43,6 +43,10 @@ from .ingress import (
     TrainingMark,
     UserFeedback,
 )
+from .operations import (
+    CommitResume,
+    RoutingOverride,
+)
 from .pipeline import (
     CommitRecord,
     Comparison,
@@ -76,18 +80,12 @@ from .state import (
     TraceHead,
     WindowAccumulator,
 )
-from .operations import (
-    CommitResume,
-    RoutingOverride,
-)
 
 __all__ = [
     "MODELS",
     "AgentCall",
     "AgentRollout",
     "AvroModel",
-    "Count32",
-    "Count64",
     "AwaitingReward",
     "CallPhase",
     "CallStatus",
@@ -98,6 +96,8 @@ __all__ = [
     "CommitResume",
     "Comparison",
     "Completion",
+    "Count32",
+    "Count64",
     "DeadLetter",
     "DriftAlert",
     "FeedbackAck",

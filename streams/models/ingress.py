@@ -11,7 +11,17 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import AvroModel, CallPhase, CallStatus, Count32, Count64, FeedbackKind, NonEmpty, StepKind, UtcDateTime
+from .base import (
+    AvroModel,
+    CallPhase,
+    CallStatus,
+    Count32,
+    Count64,
+    FeedbackKind,
+    NonEmpty,
+    StepKind,
+    UtcDateTime,
+)
 
 __all__ = [
     "AgentCall",

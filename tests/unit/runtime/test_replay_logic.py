@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from streams.codec import SchemaRegistry
+from streams.core.assembly import Limits, add_event, close, new_pending
 from streams.core.backfill import Backfill, backfill_config
 from streams.core.ledger import CommitPlan, LedgerConfig
-from streams.core.assembly import Limits, add_event, close, new_pending
 from streams.core.rewards import Rewarder, build_rewarder, success, user_rating
 from streams.core.select import SamplingRate, build_strategy
 from streams.errors import ConfigError, ReplayError, TrinityUnavailable
