@@ -1,6 +1,7 @@
 """What every command of the CLI needs before its work: the cluster to use (checked once), the
 topics a command writes, and the schema registry's subjects. Below :mod:`streams.cli` and the
-command modules (:mod:`streams.policy_cli`), so that they import it and not each other.
+command modules (:mod:`streams.commands`, :mod:`streams.policy_cli`), so that they import it and
+not each other.
 
 May import: anything in the package but :mod:`streams.cli`.
 """
@@ -13,7 +14,7 @@ from typing import Any
 from .errors import ConfigError
 from .settings import Settings
 
-__all__ = ["resolve_bootstrap"]
+__all__ = ["ensure_topics", "event_loop", "resolve_bootstrap", "subjects"]
 
 
 def resolve_bootstrap(settings: Settings, *, check: bool = True) -> str:
@@ -45,7 +46,7 @@ def _bootstrap(settings: Settings) -> str:
     return state.bootstrap_servers
 
 
-def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
+def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
     from .io.kafka import create_topics
     from .topics import Topics
 
@@ -62,7 +63,7 @@ def _ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
     )
 
 
-def _registry(settings: Settings, writes: list[str] | None = None) -> Any:
+def subjects(settings: Settings, writes: list[str] | None = None) -> Any:
     """With ``kafka.schema_registry`` set: check and register the subjects of the topics this
     command writes, and let it read Confluent's wire format (:mod:`streams.io.registry`)."""
     from .io.registry import connect
@@ -70,3 +71,12 @@ def _registry(settings: Settings, writes: list[str] | None = None) -> Any:
 
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
     return connect(settings.kafka.schema_registry, topics=topics, writes=writes or [], install=True)
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop for a long-running command (uvloop where it is installed)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()

@@ -168,6 +168,8 @@ class Pipeline:
         self.ledger_cfg = ledger_config_of(settings)
         self.retry = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
         self._ledger_lock = asyncio.Lock()
+        # this worker was assigned the ledger and its table was restored since (see final_commit)
+        self._ledger_restored = False
         self._http_slots = asyncio.Semaphore(settings.trinity.max_connections)
         self.worker_name = f"{socket.gethostname()}:{os.getpid()}"
         self._trinity_factory = trinity or (lambda: TrinityClient.from_settings(settings.trinity))
@@ -384,10 +386,12 @@ class Pipeline:
 
         @app.on_partitions_revoked.connect
         async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
+            self._ledger_restored = False
             self.metrics.partitions_revoked()
 
         @app.on_rebalance_complete.connect
         async def _recovered(app: faust.App, **_: Any) -> None:
+            self._ledger_restored = self._holds_ledger(app.consumer)
             self.metrics.tables_recovered()
 
         @app.on_partitions_assigned.connect
@@ -708,9 +712,21 @@ class Pipeline:
             key=str(record.commit_seq).encode(), value=self.codec.encode(record)
         )
 
+    def _holds_ledger(self, consumer: Any) -> bool:
+        try:
+            return TopicPartition(self.topics.ledger, 0) in consumer.assignment()
+        except Exception:  # not started yet, or between assignments
+            return False
+
     async def final_commit(self) -> None:
-        """On a graceful stop: commit what was acknowledged, if this worker holds the ledger."""
-        if not self.ledger_stage.exists():
+        """On a graceful stop: commit what was acknowledged, if this worker holds the ledger.
+
+        It holds it when its ledger table has a state, and also when it was assigned the
+        ledger and the table was restored with none yet: a stop that comes right after a
+        rebalance, before the ledger agent took its first record, still commits the
+        acknowledgements on ``<p>.ledger`` (read here from the start). A worker whose table
+        was not restored (a stop during recovery) leaves the batch to the next owner."""
+        if not (self.ledger_stage.exists() or self._ledger_restored):
             return
 
         async def read(state: LedgerState) -> list[Source]:
