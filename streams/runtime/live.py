@@ -99,7 +99,7 @@ from .config import judge_of, ledger_config_of, limits_of
 from .producing import install_idempotence, raw_schema
 from .stores import TableStore
 
-__all__ = ["Pipeline", "TableStore", "source_of"]
+__all__ = ["Pipeline", "TableStore", "raw_input", "source_of"]
 
 log = logging.getLogger("trajstream")
 
@@ -112,6 +112,14 @@ BATCH_WITHIN = 0.05  # seconds a batch waits to fill
 UNREAD_LEDGER_S = 5.0  # how long a graceful stop reads the ledger records its consumer left
 PRODUCER_LINGER = 0.005  # seconds the producer waits to fill a batch
 PRODUCER_BATCH = 1 << 20  # bytes in one producer batch (per partition)
+
+
+def raw_input(app: faust.App, *topics: str) -> faust.TopicT:
+    """An agent's input topics as raw bytes: the stage decodes them (a record that cannot be
+    read is a dead letter, not a crash in Faust's deserializer)."""
+    return app.topic(
+        *topics, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+    )
 
 
 def source_of(event: Any) -> Source:
@@ -305,17 +313,7 @@ class Pipeline:
         )
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
-        @app.agent(
-            app.topic(
-                t.agent_events,
-                t.ticks,
-                key_type=bytes,
-                value_type=bytes,
-                key_serializer="raw",
-                value_serializer="raw",
-            ),
-            name="assemble",
-        )
+        @app.agent(raw_input(app, t.agent_events, t.ticks), name="assemble")
         async def assemble(stream: faust.StreamT) -> None:
             async for batch in stream.take_events(ASSEMBLE_BATCH, within=BATCH_WITHIN):
                 await self._assemble(batch)
@@ -326,22 +324,11 @@ class Pipeline:
 
         # 2. reward: trajectory (+ user feedback, within the grace period, + the judge's
         # verdict) -> rewarded; a judge request once per call that needs a verdict
-        @app.agent(
-            app.topic(
-                t.trajectories,
-                t.user_feedback,
-                t.ticks,
-                *([t.verdicts] if judging else []),
-                key_type=bytes,
-                value_type=bytes,
-                key_serializer="raw",
-                value_serializer="raw",
-            ),
-            name="reward",
+        reward_inputs = (t.trajectories, t.user_feedback, t.ticks, *([t.verdicts] * judging))
+        # (the stage is made after the app: looked up when a record comes)
+        self.guarded_agent(
+            app, "reward", reward_inputs, lambda src, now: self.reward_join.on_record(src, now)
         )
-        async def reward(stream: faust.StreamT) -> None:
-            async for event in stream.events():
-                await self._guard("reward", event, self.reward_join.on_record)
 
         # 2b. judge: a judge request -> the judge's answer, retried while it is unavailable ->
         # a verdict (scored, or why not) on <p>.verdicts, which the reward stage reads. In
@@ -450,6 +437,22 @@ class Pipeline:
         return self._trinity
 
     # -- sending what the core decided ---------------------------------------------------------
+
+    def guarded_agent(
+        self,
+        app: faust.App,
+        stage: str,
+        topics: tuple[str, ...],
+        step: Callable[[Source, datetime], Out],
+    ) -> None:
+        """Mount agent ``stage`` on ``app``: ``step`` on each record of ``topics`` (raw bytes)
+        under the one guard (:meth:`_guard`), record by record."""
+
+        async def agent(stream: faust.StreamT) -> None:
+            async for event in stream.events():
+                await self._guard(stage, event, step)
+
+        app.agent(raw_input(app, *topics), name=stage)(agent)
 
     async def _guard(self, stage: str, event: Any, step: Callable[[Source, datetime], Out]) -> None:
         """Run one stage step on a record and send what it decided."""

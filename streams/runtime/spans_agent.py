@@ -40,8 +40,12 @@ class Pipeline(Protocol):
     codec: SchemaRegistry
     topics: Topics
 
-    async def _guard(
-        self, stage: str, event: Any, step: Callable[[Source, datetime], Out]
+    def guarded_agent(
+        self,
+        app: faust.App,
+        stage: str,
+        topics: tuple[str, ...],
+        step: Callable[[Source, datetime], Out],
     ) -> None: ...
 
 __all__ = ["install", "span_limits_of"]
@@ -76,19 +80,5 @@ def install(
         ticks_topic=t.ticks,
     )
 
-    @app.agent(
-        app.topic(
-            t.spans,
-            t.ticks,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        ),
-        name="spans",
-    )
-    async def spans(stream: Any) -> None:
-        async for event in stream.events():
-            await pipeline._guard("spans", event, resolver.on_record)
-
+    pipeline.guarded_agent(app, "spans", (t.spans, t.ticks), resolver.on_record)
     return resolver
