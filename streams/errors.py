@@ -20,6 +20,11 @@ Whether an operation may be retried is data on the class (``retriable``)::
     │       ├── JudgeRejected      4xx: never retried
     │       ├── JudgeUnavailable   5xx, 408, 429, timeout, connection error: retried
     │       └── JudgeGaveUp        unavailable for longer than the retry policy allows
+    ├── GatewayError           the gateway answers a request with an error (``status``)
+    │   ├── BadRequest         a request it refuses (4xx in OpenAI's shape), recorded nowhere
+    │   ├── ApiRequestError    not a valid Responses / Messages request (400, naming ``param``)
+    │   ├── ApiRefused         a request answered with an error body of its own API
+    │   └── UpstreamFailed     the upstream model timed out (504) or the connection failed (502)
     ├── ReplayError            a replay cannot run or finish (an empty range, Trinity gone)
     ├── ExportError            an export could not be written
     ├── HandoverPatchError     the faust-streaming hand-over patch does not fit the installed one
@@ -34,10 +39,14 @@ May import: the standard library only.
 from __future__ import annotations
 
 __all__ = [
+    "ApiRefused",
+    "ApiRequestError",
+    "BadRequest",
     "BrokerError",
     "ConfigError",
     "DecodeError",
     "ExportError",
+    "GatewayError",
     "HandoverPatchError",
     "JudgeAnswerError",
     "JudgeError",
@@ -57,6 +66,7 @@ __all__ = [
     "TrinityGaveUp",
     "TrinityRejected",
     "TrinityUnavailable",
+    "UpstreamFailed",
     "ValidationError",
 ]
 
@@ -145,6 +155,50 @@ class JudgeUnavailable(JudgeError):
 
 class JudgeGaveUp(ServiceGaveUp, JudgeError):
     """The judge stayed unavailable for longer than the retry policy allows."""
+
+
+class GatewayError(TrajstreamError):
+    """The gateway answers a request with an error: ``status`` is the HTTP status it sends."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BadRequest(GatewayError):
+    """A request the gateway refuses (4xx, OpenAI's error shape, naming ``param``); nothing
+    of it is recorded."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message, status=status)
+        self.param = param
+
+
+class ApiRequestError(GatewayError):
+    """A request body that is not a valid request of its API, Responses or Messages (answered
+    400, naming ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, status=400)
+        self.param = param
+
+
+class ApiRefused(GatewayError):
+    """A Responses or Messages request answered with ``body``, an error in that API's own
+    shape, and recorded nowhere."""
+
+    def __init__(self, status: int, body: dict[str, object]) -> None:
+        super().__init__(str(body), status=status)
+        self.body = body
+
+
+class UpstreamFailed(GatewayError):
+    """The upstream model (Trinity or production) did not answer in time (504) or failed on
+    the connection (502); ``type_`` is the error type the client is told."""
+
+    def __init__(self, status: int, message: str, type_: str) -> None:
+        super().__init__(message, status=status)
+        self.type_ = type_
 
 
 class ReplayError(TrajstreamError):

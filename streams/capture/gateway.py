@@ -62,6 +62,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
 from ..core.select import Strategy, build_strategy
+from ..errors import BadRequest, UpstreamFailed
 from ..io import kafka
 from ..models import (
     AgentCall,
@@ -73,11 +74,11 @@ from ..models import (
     UserFeedback,
     utcnow,
 )
-from ..settings import GatewayKey, GatewaySettings, Settings
+from ..settings import GatewaySettings, Settings
 from ..topics import Topics
 from .auth import KeyRing, check_listen
 from .chat import StreamAssembler, ask_usage, llm_step, steps_of_request, to_chat_message
-from .gateway_apis import ApiConfig, ApiRoutes
+from .gateway_apis import ApiRoutes
 from .metrics import CONTENT_TYPE, GatewayMetrics
 from .otlp_http import add_otlp_routes
 from .publisher import Publisher
@@ -87,7 +88,6 @@ from .routing_follow import ShareFollower
 __all__ = [
     "BadRequest",
     "Gateway",
-    "GatewayConfig",
     "build_gateway",
     "openai_error",
     "parse_messages",
@@ -110,15 +110,6 @@ _KEY_AGENT: Any = (
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 """Routes served without a client key: the probes (no model is called, nothing recorded)."""
 _CALL_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
-
-
-class BadRequest(Exception):
-    """A request the gateway refuses (4xx); nothing of it is recorded."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.param = param
-        self.status = status
 
 
 def openai_error(
@@ -189,67 +180,16 @@ class CallTable:
 # -- the server ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GatewayConfig:
-    """What the gateway needs, taken from the settings (see :meth:`from_settings`)."""
-
-    trinity_url: str
-    production_url: str
-    production_api_key: str | None = None
-    mode: str = "route"
-    trinity_model: str | None = None
-    connect_timeout_s: float = 5.0
-    timeout_s: float = 120.0
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_connections: int = 256
-    max_open_calls: int = 100_000
-    count_steps: bool = True
-    api_keys: tuple[GatewayKey, ...] = ()
-    allow_anonymous: bool = False
-    durability: str = "buffered"
-    ack_timeout_s: float = 5.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> GatewayConfig:
+def production_url_of(g: GatewaySettings) -> str:
+    """``gateway.production_url``, required: the upstream of every call not routed to Trinity."""
+    if not g.production_url:
         from ..errors import ConfigError
 
-        g: GatewaySettings = settings.gateway
-        if not g.production_url:
-            raise ConfigError(
-                "gateway.production_url [TRAJSTREAM_GATEWAY__PRODUCTION_URL] is not set: the "
-                "base URL of the production model, e.g. https://api.openai.com/v1"
-            )
-        key = g.production_api_key.get_secret_value() if g.production_api_key else None
-        return cls(
-            trinity_url=settings.trinity.url.rstrip("/"),
-            production_url=g.production_url,
-            production_api_key=key,
-            mode=g.mode,
-            trinity_model=g.trinity_model,
-            connect_timeout_s=g.connect_timeout_s,
-            timeout_s=g.timeout_s,
-            max_body_bytes=g.max_body_bytes,
-            max_connections=g.max_connections,
-            max_open_calls=g.max_open_calls,
-            count_steps=g.count_steps,
-            api_keys=tuple(g.api_keys),
-            allow_anonymous=g.allow_anonymous,
-            durability=g.durability,
-            ack_timeout_s=g.ack_timeout_s,
+        raise ConfigError(
+            "gateway.production_url [TRAJSTREAM_GATEWAY__PRODUCTION_URL] is not set: the "
+            "base URL of the production model, e.g. https://api.openai.com/v1"
         )
-
-    def __repr__(self) -> str:  # never show the key
-        return (
-            f"GatewayConfig(mode={self.mode!r}, trinity={self.trinity_url!r}, "
-            f"production={self.production_url!r})"
-        )
-
-
-class UpstreamFailed(Exception):
-    def __init__(self, status: int, message: str, type_: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type_ = type_
+    return g.production_url
 
 
 def upstream_failed(which: str, exc: BaseException, what: str) -> UpstreamFailed:
@@ -283,20 +223,16 @@ class GatewayStats:
 class Gateway:
     """The aiohttp application; :meth:`start` listens, :meth:`stop` drains and stops."""
 
-    def __init__(self, config: GatewayConfig, strategy: Strategy, publisher: Publisher) -> None:
+    def __init__(self, settings: Settings, strategy: Strategy, publisher: Publisher) -> None:
         check_routable(strategy)
-        if config.mode not in ("route", "shadow"):
-            from ..errors import ConfigError
-
-            raise ConfigError(f"gateway.mode must be route or shadow, got {config.mode!r}")
-        if config.durability not in ("buffered", "acked"):
-            from ..errors import ConfigError
-
-            raise ConfigError(
-                f"gateway.durability must be buffered or acked, got {config.durability!r}"
-            )
-        self.acked = config.durability == "acked"
-        self.config = config
+        self.settings = settings
+        self.config: GatewaySettings = settings.gateway  # validated: mode, durability, URLs
+        self.production_url = production_url_of(self.config)
+        self.trinity_url = settings.trinity.url.rstrip("/")
+        key = self.config.production_api_key
+        self._production_key = key.get_secret_value() if key is not None else None
+        self.acked = self.config.durability == "acked"
+        config = self.config
         self.strategy = strategy
         self.publisher = publisher
         self.calls = CallTable(config.max_open_calls)
@@ -364,7 +300,10 @@ class Gateway:
         await site.start()
         bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
         self.url = f"http://{bound[0]}:{bound[1]}"
-        log.info("gateway listening on %s (%r)", self.url, self.config)
+        log.info(
+            "gateway listening on %s (mode=%s, trinity=%s, production=%s)",
+            self.url, self.config.mode, self.trinity_url, self.production_url,
+        )  # fmt: skip
         return self.url
 
     async def stop(self, flush_timeout: float = 10.0) -> None:
@@ -579,13 +518,13 @@ class Gateway:
     ) -> tuple[str, dict[str, str], bytes]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if which == "trinity":
-            url = f"{self.config.trinity_url}/v1/chat/completions"
+            url = f"{self.trinity_url}/v1/chat/completions"
             if self.config.trinity_model:
                 body, raw = {**body, "model": self.config.trinity_model}, None
         else:
-            url = f"{self.config.production_url}/chat/completions"
-            if self.config.production_api_key:
-                headers["Authorization"] = f"Bearer {self.config.production_api_key}"
+            url = f"{self.production_url}/chat/completions"
+            if self._production_key:
+                headers["Authorization"] = f"Bearer {self._production_key}"
         # the agent's bytes as they came, unless something had to change
         return url, headers, raw if raw is not None else json.dumps(body).encode()
 
@@ -876,11 +815,11 @@ class Gateway:
             which = route.upstream
         assert self._session is not None
         if which == "trinity":
-            url, headers = f"{self.config.trinity_url}/v1/models", {}
+            url, headers = f"{self.trinity_url}/v1/models", {}
         else:
-            url, headers = f"{self.config.production_url}/models", {}
-            if self.config.production_api_key:
-                headers["Authorization"] = f"Bearer {self.config.production_api_key}"
+            url, headers = f"{self.production_url}/models", {}
+            if self._production_key:
+                headers["Authorization"] = f"Bearer {self._production_key}"
         try:
             async with self._session.get(url, headers=headers) as upstream:
                 data = await upstream.read()
@@ -1047,7 +986,7 @@ def build_gateway(
     from datetime import timedelta
 
     producer_factory_given = producer_factory
-    config = GatewayConfig.from_settings(settings)
+    production_url_of(settings.gateway)  # before anything else: the one setting it needs
     spec = settings.selection.strategy
     strategy = build_strategy(
         spec,
@@ -1094,7 +1033,7 @@ def build_gateway(
         max_buffered=settings.gateway.buffer_records,
         prepare=prepare,
     )
-    gateway = Gateway(config, strategy, publisher)
+    gateway = Gateway(settings, strategy, publisher)
     if book is not None and bootstrap:
 
         async def routing_topic() -> None:  # the follower may start before the workers
@@ -1145,7 +1084,6 @@ def build_gateway(
         "publish_timeout": otlp.publish_timeout_s,
         "missing_parent": otlp.missing_parent,
     }
-    gateway.apis.configure(ApiConfig.from_settings(settings.gateway))
     return gateway
 
 

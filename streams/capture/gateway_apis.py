@@ -56,11 +56,11 @@ import aiohttp
 import pydantic
 from aiohttp import web
 
+from ..errors import ApiRefused, ApiRequestError, UpstreamFailed
 from ..models import AgentCall, CallPhase, CallStatus, ChatMessage, Completion, utcnow
 from ..settings import GatewaySettings
 from .apis import (
     Answer,
-    ApiRequestError,
     ChatToMessagesStream,
     ChatToResponsesStream,
     ItemStore,
@@ -94,15 +94,6 @@ ANTHROPIC_VERSION = "2023-06-01"
 Which = Literal["trinity", "production"]
 
 
-class _Refused(Exception):
-    """A request answered with an error body of its API, and recorded nowhere."""
-
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        super().__init__(str(body))
-        self.status = status
-        self.body = body
-
-
 class _ChatStream(Protocol):
     def feed(self, data: bytes) -> bytes: ...
     def finish(self) -> bytes: ...
@@ -110,41 +101,17 @@ class _ChatStream(Protocol):
     def completion(self) -> dict[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class ApiConfig:
-    """What these routes need beyond :class:`.gateway.GatewayConfig`."""
-
-    anthropic_url: str | None = None
-    anthropic_api_key: str | None = None
-    responses_calls: int = 10_000
-
-    @classmethod
-    def from_settings(cls, g: GatewaySettings) -> ApiConfig:
-        key = g.anthropic_api_key.get_secret_value() if g.anthropic_api_key else None
-        return cls(
-            anthropic_url=g.anthropic_url,
-            anthropic_api_key=key,
-            responses_calls=g.responses_calls,
-        )
-
-    def __repr__(self) -> str:  # never show the key
-        return f"ApiConfig(anthropic={self.anthropic_url!r})"
-
-
 class ApiRoutes:
     """The Responses and Messages routes of one :class:`.gateway.Gateway`."""
 
-    def __init__(self, gateway: Gateway, config: ApiConfig | None = None) -> None:
+    def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.config = config or ApiConfig()
+        self.config: GatewaySettings = gateway.config
+        key = self.config.anthropic_api_key
+        self._anthropic_key = key.get_secret_value() if key is not None else None
         self.items = ItemStore(max_calls=self.config.responses_calls)
         self.instructions: OrderedDict[str, str] = OrderedDict()
         """Response id -> the instructions its request had (or inherited), bounded."""
-
-    def configure(self, config: ApiConfig) -> None:
-        self.config = config
-        self.items = ItemStore(max_calls=config.responses_calls)
-        self.instructions.clear()
 
     def mount(self, app: web.Application) -> None:
         r = app.router
@@ -174,11 +141,11 @@ class ApiRoutes:
             try:
                 body = json.loads(raw)
             except ValueError as exc:
-                raise _Refused(
+                raise ApiRefused(
                     400, api.error(f"the request body is not valid JSON: {exc}")
                 ) from None
             call_id, parsed = api.parse(body, path_call)
-        except _Refused as exc:
+        except ApiRefused as exc:
             gw.stats.rejected += 1
             return web.json_response(exc.body, status=exc.status)
         start = gw._start_event(request, call_id, [])  # validates the headers too
@@ -270,7 +237,7 @@ class ApiRoutes:
         return response
 
     async def _json(self, raw: bytes, exchange: _Exchange) -> web.StreamResponse:
-        from .gateway import UpstreamFailed, upstream_failed
+        from .gateway import upstream_failed
 
         began = time.perf_counter()
         try:
@@ -314,8 +281,6 @@ class ApiRoutes:
     async def _stream(
         self, request: web.Request, raw: bytes, exchange: _Exchange
     ) -> web.StreamResponse:
-        from .gateway import UpstreamFailed
-
         began = time.perf_counter()
         try:
             upstream = await self._post(exchange, raw)
@@ -524,7 +489,7 @@ class _Responses(_Api):
         items = self.routes.items
         previous = body.get("previous_response_id") if isinstance(body, dict) else None
         if previous is not None and not isinstance(previous, str):
-            raise _Refused(
+            raise ApiRefused(
                 400,
                 responses_error(
                     "previous_response_id must be a string", param="previous_response_id"
@@ -534,11 +499,11 @@ class _Responses(_Api):
         history = items.history(owner, previous) if owner else ([] if not previous else None)
         if history is None:
             assert previous is not None
-            raise _Refused(400, previous_not_found(previous))
+            raise ApiRefused(400, previous_not_found(previous))
         try:
             parsed = responses_api.parse_request(body, history)
         except ApiRequestError as exc:
-            raise _Refused(400, responses_error(str(exc), param=exc.param)) from None
+            raise ApiRefused(400, responses_error(str(exc), param=exc.param)) from None
         inherited = self.routes.instructions.get(previous) if previous else None
         if inherited and not body.get("instructions"):
             # instructions do not carry over to a request that continues a response, but the
@@ -547,14 +512,14 @@ class _Responses(_Api):
         return path_call or f"gw-{uuid.uuid4().hex}", parsed
 
     def has_production(self) -> bool:
-        return bool(self.routes.gateway.config.production_url)
+        return bool(self.routes.gateway.production_url)
 
     def production(self, headers: Any) -> tuple[str, dict[str, str]]:
-        config = self.routes.gateway.config
+        gateway = self.routes.gateway
         out = {"Content-Type": "application/json"}
-        if config.production_api_key:
-            out["Authorization"] = f"Bearer {config.production_api_key}"
-        return f"{config.production_url}/responses", out
+        if gateway._production_key:
+            out["Authorization"] = f"Bearer {gateway._production_key}"
+        return f"{gateway.production_url}/responses", out
 
     def answer(self, told: dict[str, Any]) -> Answer:
         return answer_of_response(told)
@@ -607,7 +572,7 @@ class _Messages(_Api):
         try:
             parsed = messages_api.parse_request(body)
         except ApiRequestError as exc:
-            raise _Refused(400, messages_api.error_body(str(exc))) from None
+            raise ApiRefused(400, messages_api.error_body(str(exc))) from None
         return path_call or f"gw-{uuid.uuid4().hex}", parsed
 
     def has_production(self) -> bool:
@@ -621,8 +586,8 @@ class _Messages(_Api):
         }
         if headers.get("anthropic-beta"):
             out["anthropic-beta"] = headers["anthropic-beta"]
-        if config.anthropic_api_key:
-            out["x-api-key"] = config.anthropic_api_key
+        if self.routes._anthropic_key:
+            out["x-api-key"] = self.routes._anthropic_key
         return f"{config.anthropic_url}/v1/messages", out
 
     def answer(self, told: dict[str, Any]) -> Answer:

@@ -51,17 +51,10 @@ def ledger_config_of(settings: Settings) -> LedgerConfig:
 
 
 def rollout_config_of(settings: Settings) -> RolloutConfig:
+    """``gateway.rollout`` as the core's config: the same fields, the delay as a timedelta."""
     r = settings.gateway.rollout
-    return RolloutConfig(
-        enabled=r.enabled,
-        initial_share=r.initial_share,
-        step=r.step,
-        max_share=r.max_share,
-        floor=r.floor,
-        promote_after=r.promote_after,
-        rollback_after=r.rollback_after,
-        apply_delay=timedelta(seconds=r.apply_delay_s),
-    )
+    fields = r.model_dump(exclude={"apply_delay_s"})
+    return RolloutConfig(**fields, apply_delay=timedelta(seconds=r.apply_delay_s))
 
 
 def judge_of(settings: Settings, rewarders: Sequence[Rewarder]) -> JudgeSpec | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from ...errors import TrajstreamError
+from ...errors import ApiRequestError
 from ...models import ChatMessage, Completion, StepKind, ToolCall
 from ..chat import reasoning_of, to_chat_message
 
@@ -39,14 +39,6 @@ __all__ = [
     "llm_step",
     "tool_steps",
 ]
-
-
-class ApiRequestError(TrajstreamError):
-    """A request body that is not a valid request of its API (answered 400, naming ``param``)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from streams.capture.chat import StreamAssembler, ask_usage, llm_step, steps_of_request
-from streams.capture.gateway import BadRequest, parse_messages
+from streams.capture.gateway import parse_messages
 from streams.capture.publisher import SpillFiles
 from streams.capture.routing import check_routable, decide_route
-from streams.errors import ConfigError
+from streams.errors import BadRequest, ConfigError, GatewayError, TrajstreamError
 from streams.models import Selection, StepKind, ToolCall
 from streams.select import CallView, build_strategy, sample_point
 from tests.unit.factories import T0, mark, start
@@ -118,8 +118,11 @@ def test_tool_messages_after_the_last_assistant_turn_are_tool_steps() -> None:
     ],
 )
 def test_requests_without_usable_messages_are_refused(body) -> None:
-    with pytest.raises(BadRequest):
+    with pytest.raises(BadRequest) as refused:
         parse_messages(body)
+    # under the one root, as every gateway error: a caller catches GatewayError or the root
+    assert isinstance(refused.value, GatewayError) and isinstance(refused.value, TrajstreamError)
+    assert refused.value.status == 400
 
 
 def test_streamed_chunks_add_up_to_the_completion() -> None:

@@ -9,24 +9,39 @@ import json
 import pytest
 
 from streams.capture.gateway import build_gateway
-from streams.capture.gateway_apis import ApiConfig
 from streams.errors import ConfigError
 from streams.settings import load_settings
 
 
-def test_the_anthropic_key_is_a_secret_and_the_url_is_checked(monkeypatch) -> None:
+def test_the_anthropic_key_is_a_secret_and_the_url_is_checked(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("TRAJSTREAM_GATEWAY__ANTHROPIC_API_KEY", "sk-ant-live-9")
-    settings = load_settings(gateway={"anthropic_url": "https://api.anthropic.com/"})
+    settings = load_settings(
+        kafka={"bootstrap_servers": "127.0.0.1:9"},
+        gateway={
+            "production_url": "https://api.example.com/v1",
+            "anthropic_url": "https://api.anthropic.com/",
+            "spill_dir": str(tmp_path),
+        },
+    )
     assert "sk-ant-live-9" not in repr(settings)
     assert "sk-ant-live-9" not in json.dumps(settings.model_dump(mode="json"))
-    config = ApiConfig.from_settings(settings.gateway)
-    assert config.anthropic_api_key == "sk-ant-live-9"
-    assert config.anthropic_url == "https://api.anthropic.com"
-    assert "sk-ant-live-9" not in repr(config)
+    assert settings.gateway.anthropic_url == "https://api.anthropic.com"
+    apis = build_gateway(settings).apis
+    url, headers = apis_production(apis)
+    assert url == "https://api.anthropic.com/v1/messages"
+    assert headers["x-api-key"] == "sk-ant-live-9"
+    assert "sk-ant-live-9" not in repr(apis.config)
     with pytest.raises(ConfigError, match=r"gateway\.anthropic_url"):
         load_settings(gateway={"anthropic_url": "api.anthropic.com"})
     with pytest.raises(ConfigError, match=r"gateway\.responses_calls"):
         load_settings(gateway={"responses_calls": 0})
+
+
+def apis_production(apis):
+    """Where the Messages route sends a request production answers, and with what headers."""
+    from streams.capture.gateway_apis import _Messages
+
+    return _Messages(apis, None).production({})  # type: ignore[arg-type]
 
 
 def test_the_gateway_mounts_both_apis_with_and_without_a_call_id(tmp_path) -> None:

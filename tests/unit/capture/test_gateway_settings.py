@@ -6,20 +6,24 @@ import json
 
 import pytest
 
-from streams.capture.gateway import GatewayConfig, build_gateway
+from streams.capture.gateway import build_gateway
 from streams.errors import ConfigError
 from streams.settings import load_settings
 
 
-def test_the_production_key_is_a_secret_everywhere_it_could_show(monkeypatch) -> None:
+def test_the_production_key_is_a_secret_everywhere_it_could_show(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("TRAJSTREAM_GATEWAY__PRODUCTION_API_KEY", "sk-live-123")
-    settings = load_settings(gateway={"production_url": "https://api.example.com/v1/"})
+    settings = load_settings(
+        kafka={"bootstrap_servers": "127.0.0.1:9"},
+        gateway={"production_url": "https://api.example.com/v1/", "spill_dir": str(tmp_path)},
+    )
     assert "sk-live-123" not in repr(settings)
     assert "sk-live-123" not in json.dumps(settings.model_dump(mode="json"))
-    config = GatewayConfig.from_settings(settings)
-    assert config.production_api_key == "sk-live-123"
-    assert config.production_url == "https://api.example.com/v1"
-    assert "sk-live-123" not in repr(config)
+    gateway = build_gateway(settings)  # reads the one settings object, copies none of it
+    assert gateway.config is settings.gateway
+    assert gateway.production_url == "https://api.example.com/v1"
+    assert gateway._upstream("production", {})[1]["Authorization"] == "Bearer sk-live-123"
+    assert "sk-live-123" not in repr(gateway.config)
 
 
 def test_a_bad_key_value_is_named_but_not_echoed() -> None:
@@ -30,7 +34,7 @@ def test_a_bad_key_value_is_named_but_not_echoed() -> None:
 
 def test_the_production_url_is_required_and_checked() -> None:
     with pytest.raises(ConfigError, match=r"gateway\.production_url"):
-        GatewayConfig.from_settings(load_settings())
+        build_gateway(load_settings(kafka={"bootstrap_servers": "127.0.0.1:9"}))
     with pytest.raises(ConfigError, match=r"gateway\.production_url"):
         load_settings(gateway={"production_url": "api.example.com"})
     with pytest.raises(ConfigError, match=r"gateway\.mode"):
