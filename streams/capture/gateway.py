@@ -528,15 +528,30 @@ class Gateway:
         # the agent's bytes as they came, unless something had to change
         return url, headers, raw if raw is not None else json.dumps(body).encode()
 
-    async def _send(
-        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    async def _post(
+        self, which: str, url: str, headers: dict[str, str], data: bytes
     ) -> aiohttp.ClientResponse:
+        """The one way a request reaches an upstream model (every route, either upstream): a
+        connection that fails is an :class:`~streams.errors.UpstreamFailed` (502, 504)."""
         assert self._session is not None
-        url, headers, data = self._upstream(which, body, raw)
         try:
             return await self._session.post(url, data=data, headers=headers)
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise upstream_failed(which, exc, "could not be reached") from None
+
+    async def _send(
+        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    ) -> tuple[aiohttp.ClientResponse, bool]:
+        """A chat completions request to ``which``; a streamed one asks for the usage chunk
+        (usage on every stream). Returns the answer and whether the client asked for usage
+        itself: when not, the route strips that chunk from what the client is sent."""
+        asked = True
+        if body.get("stream") is True:
+            sent, asked = ask_usage(body)
+            if not asked:
+                body, raw = sent, None
+        url, headers, data = self._upstream(which, body, raw)
+        return await self._post(which, url, headers, data), asked
 
     def _upstream_error(self, exc: UpstreamFailed, headers: dict[str, str]) -> web.Response:
         self.stats.upstream_errors += 1
@@ -651,7 +666,7 @@ class Gateway:
         route = state.route
         began = time.perf_counter()
         try:
-            upstream = await self._send(route.upstream, body, raw)
+            upstream, _ = await self._send(route.upstream, body, raw)
             async with upstream:
                 data = await upstream.read()
             timing.upstream_s = time.perf_counter() - began
@@ -697,10 +712,8 @@ class Gateway:
     ) -> web.StreamResponse:
         route = state.route
         began = time.perf_counter()
-        # usage on every stream: ask for it; strip it from a client that did not
-        sent, asked = ask_usage(body)
-        try:
-            upstream = await self._send(route.upstream, sent, raw if asked else None)
+        try:  # usage on every stream: asked for; stripped from a client that did not ask
+            upstream, asked = await self._send(route.upstream, body, raw)
         except UpstreamFailed as exc:
             return self._upstream_error(exc, headers)
         async with upstream:
@@ -784,7 +797,7 @@ class Gateway:
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         began = time.perf_counter()
         try:
-            upstream = await self._send("trinity", shadow_body)
+            upstream, _ = await self._send("trinity", shadow_body)
             async with upstream:
                 data = await upstream.read()
                 if upstream.status != 200:
