@@ -120,6 +120,36 @@ def openai_error(
     return web.json_response(body, status=status)
 
 
+ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+"""Anthropic's error type by status (any other: ``api_error``)."""
+
+
+def error_for(
+    request: web.Request,
+    status: int,
+    message: str,
+    *,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+) -> web.Response:
+    """An error in the shape of the API the client speaks: Anthropic's
+    (``{"type": "error", "error": {"type", "message"}}``) on ``/v1/messages``, OpenAI's on
+    every other route."""
+    if request.path.endswith("/v1/messages"):
+        kind = ANTHROPIC_ERRORS.get(status, "api_error")
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+        return web.json_response(body, status=status)
+    return openai_error(status, message, type_=type_, param=param, code=code)
+
+
 def parse_messages(body: Any) -> list[dict[str, Any]]:
     """The request's ``messages``, checked; raises BadRequest naming what is wrong."""
     if not isinstance(body, dict):
@@ -327,12 +357,13 @@ class Gateway:
             return await handler(request)
         except BadRequest as exc:
             self.stats.rejected += 1
-            return openai_error(
-                exc.status, str(exc), type_="invalid_request_error", param=exc.param
+            return error_for(
+                request, exc.status, str(exc), type_="invalid_request_error", param=exc.param
             )
         except web.HTTPRequestEntityTooLarge:
             self.stats.rejected += 1
-            return openai_error(
+            return error_for(
+                request,
                 413,
                 f"request body larger than {self.config.max_body_bytes} bytes",
                 type_="invalid_request_error",
@@ -341,7 +372,7 @@ class Gateway:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return openai_error(exc.status, exc.reason, type_="invalid_request_error")
+            return error_for(request, exc.status, exc.reason, type_="invalid_request_error")
 
     @web.middleware
     async def _auth(
@@ -353,13 +384,17 @@ class Gateway:
         verdict = self.keys.check(request.headers)
         if verdict.status == 401:
             self.stats.unauthorized += 1
-            return openai_error(
-                401, verdict.message, type_="invalid_request_error", code="invalid_api_key"
+            return error_for(
+                request,
+                401,
+                verdict.message,
+                type_="invalid_request_error",
+                code="invalid_api_key",
             )
         if verdict.status == 429:
             self.stats.rate_limited += 1
-            response = openai_error(
-                429, verdict.message, type_="requests", code="rate_limit_exceeded"
+            response = error_for(
+                request, 429, verdict.message, type_="requests", code="rate_limit_exceeded"
             )
             response.headers["Retry-After"] = str(verdict.retry_after_s)
             return response

@@ -539,9 +539,14 @@ async def test_client_keys_guard_the_responses_and_messages_routes_too(
 ) -> None:
     """With ``gateway.api_keys``, the new routes are no open relay: the ``openai`` client's
     bearer key and the ``anthropic`` client's ``x-api-key`` are checked, a wrong one is 401
-    and recorded nowhere, and a key naming its agent names the recorded call's agent."""
+    and recorded nowhere, and a key naming its agent names the recorded call's agent. The
+    Messages routes refuse in Anthropic's error shape (401 ``authentication_error``, 429
+    ``rate_limit_error``), the Responses routes in OpenAI's."""
     _, api = production
-    keys = [{"key": "sk-agent-key-1", "agent": "keyed-bot"}]
+    keys = [
+        {"key": "sk-agent-key-1", "agent": "keyed-bot"},
+        {"key": "sk-slow-key-2", "rate_per_s": 0.01},  # one request, then 429 for 100 s
+    ]
     async with running_gateway(
         kafka_bootstrap, prefix, standin.url, api.url, tmp_path / "spill", api_keys=keys
     ) as gw:
@@ -559,12 +564,34 @@ async def test_client_keys_guard_the_responses_and_messages_routes_too(
                 )
                 assert message.content[0].type == "text"
             else:
-                with pytest.raises(openai.AuthenticationError):
+                with pytest.raises(openai.AuthenticationError) as openai_shape:
                     await client.responses.create(model="m", input="hi")
-                with pytest.raises(anthropic.AuthenticationError):
-                    await claude.messages.create(
-                        model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+                assert openai_shape.value.code == "invalid_api_key"
+                for path in ("/calls/m-False", ""):  # a call's step, and a call of one step
+                    unknown = anthropic.AsyncAnthropic(
+                        base_url=f"{gw.url}{path}", api_key=key, max_retries=0
                     )
+                    with pytest.raises(anthropic.AuthenticationError) as refused:
+                        await unknown.messages.create(
+                            model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+                        )
+                    body: Any = refused.value.body
+                    assert body["type"] == "error", body
+                    assert body["error"]["type"] == "authentication_error", body
+                    assert body["error"]["message"] == "Incorrect API key provided."
+        slow = anthropic.AsyncAnthropic(
+            base_url=f"{gw.url}/calls/slow", api_key="sk-slow-key-2", max_retries=0
+        )
+        with pytest.raises(anthropic.BadRequestError):  # takes the key's one request
+            await slow.messages.create(
+                model="m", max_tokens=8, messages=[{"content": "no role"}]  # type: ignore[typeddict-item]
+            )
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            await slow.messages.create(
+                model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        assert int(limited.value.response.headers["Retry-After"]) >= 1
         for call_id in ("k-True", "m-True"):
             await end(gw, call_id, "sk-agent-key-1")
         assert await gw.publisher.flush(30)
