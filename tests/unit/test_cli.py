@@ -177,7 +177,7 @@ def test_setting_option_refuses_what_it_cannot_type() -> None:
 
     from streams.cli_support import setting_option
 
-    with pytest.raises(TypeError, match="gateway.api_keys"):
+    with pytest.raises(TypeError, match=r"gateway\.api_keys"):
         setting_option(argparse.ArgumentParser(), "gateway.api_keys")
     with pytest.raises(KeyError):
         setting_option(argparse.ArgumentParser(), "gateway.no_such_setting")
