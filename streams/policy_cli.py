@@ -33,7 +33,7 @@ def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
     from .cli_support import resolve_bootstrap
     from .models import utcnow
     from .observe.policy import read_policy, render, replay_decisions
-    from .observe.status import TopicReader
+    from .observe.reader import TopicReader
     from .runtime.config import ledger_config_of
     from .runtime.replay_options import parse_time
     from .topics import Topics
@@ -62,7 +62,7 @@ def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_routing_show(args: argparse.Namespace, settings: Settings) -> int:
     from .cli_support import resolve_bootstrap
     from .observe.policy import read_policy
-    from .observe.status import TopicReader
+    from .observe.reader import TopicReader
     from .topics import Topics
 
     bootstrap = resolve_bootstrap(settings)

@@ -120,6 +120,36 @@ def openai_error(
     return web.json_response(body, status=status)
 
 
+ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+"""Anthropic's error type by status (any other: ``api_error``)."""
+
+
+def error_for(
+    request: web.Request,
+    status: int,
+    message: str,
+    *,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+) -> web.Response:
+    """An error in the shape of the API the client speaks: Anthropic's
+    (``{"type": "error", "error": {"type", "message"}}``) on ``/v1/messages``, OpenAI's on
+    every other route."""
+    if request.path.endswith("/v1/messages"):
+        kind = ANTHROPIC_ERRORS.get(status, "api_error")
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+        return web.json_response(body, status=status)
+    return openai_error(status, message, type_=type_, param=param, code=code)
+
+
 def parse_messages(body: Any) -> list[dict[str, Any]]:
     """The request's ``messages``, checked; raises BadRequest naming what is wrong."""
     if not isinstance(body, dict):
@@ -327,12 +357,13 @@ class Gateway:
             return await handler(request)
         except BadRequest as exc:
             self.stats.rejected += 1
-            return openai_error(
-                exc.status, str(exc), type_="invalid_request_error", param=exc.param
+            return error_for(
+                request, exc.status, str(exc), type_="invalid_request_error", param=exc.param
             )
         except web.HTTPRequestEntityTooLarge:
             self.stats.rejected += 1
-            return openai_error(
+            return error_for(
+                request,
                 413,
                 f"request body larger than {self.config.max_body_bytes} bytes",
                 type_="invalid_request_error",
@@ -341,7 +372,7 @@ class Gateway:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return openai_error(exc.status, exc.reason, type_="invalid_request_error")
+            return error_for(request, exc.status, exc.reason, type_="invalid_request_error")
 
     @web.middleware
     async def _auth(
@@ -353,13 +384,17 @@ class Gateway:
         verdict = self.keys.check(request.headers)
         if verdict.status == 401:
             self.stats.unauthorized += 1
-            return openai_error(
-                401, verdict.message, type_="invalid_request_error", code="invalid_api_key"
+            return error_for(
+                request,
+                401,
+                verdict.message,
+                type_="invalid_request_error",
+                code="invalid_api_key",
             )
         if verdict.status == 429:
             self.stats.rate_limited += 1
-            response = openai_error(
-                429, verdict.message, type_="requests", code="rate_limit_exceeded"
+            response = error_for(
+                request, 429, verdict.message, type_="requests", code="rate_limit_exceeded"
             )
             response.headers["Retry-After"] = str(verdict.retry_after_s)
             return response
@@ -528,15 +563,30 @@ class Gateway:
         # the agent's bytes as they came, unless something had to change
         return url, headers, raw if raw is not None else json.dumps(body).encode()
 
-    async def _send(
-        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    async def _post(
+        self, which: str, url: str, headers: dict[str, str], data: bytes
     ) -> aiohttp.ClientResponse:
+        """The one way a request reaches an upstream model (every route, either upstream): a
+        connection that fails is an :class:`~streams.errors.UpstreamFailed` (502, 504)."""
         assert self._session is not None
-        url, headers, data = self._upstream(which, body, raw)
         try:
             return await self._session.post(url, data=data, headers=headers)
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise upstream_failed(which, exc, "could not be reached") from None
+
+    async def _send(
+        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    ) -> tuple[aiohttp.ClientResponse, bool]:
+        """A chat completions request to ``which``; a streamed one asks for the usage chunk
+        (usage on every stream). Returns the answer and whether the client asked for usage
+        itself: when not, the route strips that chunk from what the client is sent."""
+        asked = True
+        if body.get("stream") is True:
+            sent, asked = ask_usage(body)
+            if not asked:
+                body, raw = sent, None
+        url, headers, data = self._upstream(which, body, raw)
+        return await self._post(which, url, headers, data), asked
 
     def _upstream_error(self, exc: UpstreamFailed, headers: dict[str, str]) -> web.Response:
         self.stats.upstream_errors += 1
@@ -651,7 +701,7 @@ class Gateway:
         route = state.route
         began = time.perf_counter()
         try:
-            upstream = await self._send(route.upstream, body, raw)
+            upstream, _ = await self._send(route.upstream, body, raw)
             async with upstream:
                 data = await upstream.read()
             timing.upstream_s = time.perf_counter() - began
@@ -697,10 +747,8 @@ class Gateway:
     ) -> web.StreamResponse:
         route = state.route
         began = time.perf_counter()
-        # usage on every stream: ask for it; strip it from a client that did not
-        sent, asked = ask_usage(body)
-        try:
-            upstream = await self._send(route.upstream, sent, raw if asked else None)
+        try:  # usage on every stream: asked for; stripped from a client that did not ask
+            upstream, asked = await self._send(route.upstream, body, raw)
         except UpstreamFailed as exc:
             return self._upstream_error(exc, headers)
         async with upstream:
@@ -784,7 +832,7 @@ class Gateway:
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         began = time.perf_counter()
         try:
-            upstream = await self._send("trinity", shadow_body)
+            upstream, _ = await self._send("trinity", shadow_body)
             async with upstream:
                 data = await upstream.read()
                 if upstream.status != 200:

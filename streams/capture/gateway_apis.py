@@ -50,6 +50,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import aiohttp
@@ -80,6 +81,7 @@ from .apis import (
 from .apis import messages as messages_api
 from .apis import responses as responses_api
 from .apis.responses_json import error_body as responses_error
+from .apis.sse import HoldLast, encode_event
 
 if TYPE_CHECKING:
     from .gateway import CallState, Gateway
@@ -196,18 +198,28 @@ class ApiRoutes:
         return await self._json(raw, exchange)
 
     async def _post(self, exchange: _Exchange, raw: bytes) -> aiohttp.ClientResponse:
-        from .gateway import upstream_failed
-
+        """Through the gateway's one upstream send: Trinity gets the chat completions
+        translation (a streamed one asking for usage), production the client's bytes."""
         gw = self.gateway
         if exchange.which == "trinity":
             assert exchange.parsed.chat is not None
-            return await gw._send("trinity", exchange.parsed.chat)
-        assert gw._session is not None
+            upstream, _ = await gw._send("trinity", exchange.parsed.chat)
+            return upstream
         url, headers = exchange.api.production(exchange.request_headers)
-        try:
-            return await gw._session.post(url, data=raw, headers=headers)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise upstream_failed("production", exc, "could not be reached") from None
+        return await gw._post("production", url, headers, raw)
+
+    def _not_durable(self, exchange: _Exchange) -> web.Response:
+        """acked mode, the broker silent: 503 in the API's shape (the client retries)."""
+        message = self._not_recorded()
+        response = web.json_response(exchange.api.error(message, kind="api_error"), status=503)
+        response.headers.update(exchange.headers)
+        return response
+
+    def _not_recorded(self) -> str:
+        return (
+            f"the answer could not be recorded within {self.gateway.config.ack_timeout_s:g}s "
+            "(gateway.durability = acked; the broker did not acknowledge); retry the request"
+        )
 
     def _failed(self, exchange: _Exchange, status: int, message: str, kind: str) -> web.Response:
         self.gateway.stats.upstream_errors += 1
@@ -275,7 +287,9 @@ class ApiRoutes:
             response.headers["Content-Type"] = "application/json"
         if told is not None and answer is not None:
             exchange.api.remember(exchange, told)
-            self._record(exchange, answer, latency)
+            ack = self._record(exchange, answer, latency)
+            if not await self.gateway._durable(ack):
+                return self._not_durable(exchange)
         return response
 
     async def _stream(
@@ -296,15 +310,17 @@ class ApiRoutes:
             await response.prepare(request)
             translate = api.chat_stream(exchange.parsed) if exchange.which == "trinity" else None
             assembler = api.assembler() if translate is None else None
+            acked = self.gateway.acked
+            hold = HoldLast() if acked and translate is None else None  # the terminal event
             try:
                 async for chunk in upstream.content.iter_any():
                     if translate is not None:
                         out = translate.feed(chunk)
-                        if out:
-                            await response.write(out)
                     else:
-                        await response.write(chunk)
                         assembler.feed(chunk)  # type: ignore[union-attr]
+                        out = hold.feed(chunk) if hold is not None else chunk
+                    if out:
+                        await response.write(out)
             except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
                 # the client saw a broken stream; nothing is recorded
                 log.warning("stream of call %s broke off: %s", exchange.call_id, type(exc).__name__)
@@ -312,27 +328,37 @@ class ApiRoutes:
                     with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
                         await response.write(translate.fail(f"the Trinity stream broke off: {exc}"))
                 return response
-            if translate is not None:
-                await response.write(translate.finish())
-            await response.write_eof()
-        latency = (time.perf_counter() - began) * 1000
-        self.gateway.stats.answered[exchange.which] += 1
-        with contextlib.suppress(pydantic.ValidationError):
-            answer: Answer | None = None
-            if translate is not None:
-                answer = answer_of_chat(translate.completion())
-                told = api.told_stream(translate)
-            else:
-                assert assembler is not None
-                told = api.assembled(assembler)
-                answer = api.answer(told) if told is not None else None
-            if told is not None and answer is not None:
-                api.remember(exchange, told)
-                self._record(exchange, answer, latency)
+            tail = translate.finish() if translate is not None else b""
+            if hold is not None:
+                tail = hold.release()
+            if not acked:  # buffered: the client has it all before anything is recorded
+                await response.write(tail)
+            latency = (time.perf_counter() - began) * 1000
+            self.gateway.stats.answered[exchange.which] += 1
+            ack = None
+            with contextlib.suppress(pydantic.ValidationError):
+                answer: Answer | None = None
+                if translate is not None:
+                    answer = answer_of_chat(translate.completion())
+                    told = api.told_stream(translate)
+                else:
+                    assert assembler is not None
+                    told = api.assembled(assembler)
+                    answer = api.answer(told) if told is not None else None
+                if told is not None and answer is not None:
+                    api.remember(exchange, told)
+                    ack = self._record(exchange, answer, latency)
+            with contextlib.suppress(ConnectionResetError):
+                if acked:  # the stream's end only once its records are on the broker
+                    if not await self.gateway._durable(ack):
+                        tail = api.stream_error(self._not_recorded())
+                    await response.write(tail)
+                await response.write_eof()
         return response
 
-    def _record(self, exchange: _Exchange, answer: Answer, latency_ms: float) -> None:
-        self._publish_step(
+    def _record(self, exchange: _Exchange, answer: Answer, latency_ms: float) -> Awaitable[Any]:
+        """Record the step; returns what is done once it is on the broker."""
+        return self._publish_step(
             exchange.call_id,
             exchange.parsed,
             answer,
@@ -354,7 +380,8 @@ class ApiRoutes:
         latency_ms: float,
         one_step: bool,
         provider: str | None = None,
-    ) -> None:
+    ) -> Awaitable[Any]:
+        gw = self.gateway
         now = utcnow()
         step = llm_step(
             call_id,
@@ -366,22 +393,23 @@ class ApiRoutes:
             provider=provider,
         )
         if step.seq in state.seqs and not one_step:
-            return  # a retried request: the first answer is the step
+            # a retried request: the first answer is the step (on the broker with what is queued)
+            return gw._on_broker(gw.publisher.position)
         state.seqs.add(step.seq)
         shadow = state.shadows.pop(step.seq, None)
         if shadow is None:
-            self._publish(step, one_step)
-            return
-        task = self.gateway._spawn(self._join_shadow(step, shadow, one_step))
+            return gw._on_broker(self._publish(step, one_step))
+        task = gw._spawn(self._join_shadow(step, shadow, one_step))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
+        return gw._after(task)
 
     async def _join_shadow(
         self,
         step: Completion,
         shadow: asyncio.Future[tuple[dict[str, Any], float] | None],
         one_step: bool,
-    ) -> None:
+    ) -> int:
         """The step as the client saw it, with Trinity's answer to the translated request beside
         it (as the gateway's chat route does)."""
         got = await shadow
@@ -397,14 +425,15 @@ class ApiRoutes:
                         "shadow_latency_ms": latency,
                     }
                 )
-        self._publish(step, one_step)
+        return self._publish(step, one_step)
 
-    def _publish(self, step: Completion, one_step: bool) -> None:
+    def _publish(self, step: Completion, one_step: bool) -> int:
+        """The step, and the END of a call of one step; the position of the last."""
         publish = self.gateway.publisher.publish
-        publish(step)
+        position = publish(step)
         if one_step:
             output = step.output_messages[0].content if step.output_messages else None
-            publish(
+            position = publish(
                 AgentCall(
                     event_id=f"{step.call_id}/end",
                     call_id=step.call_id,
@@ -415,6 +444,7 @@ class ApiRoutes:
                     step_count=1,
                 )
             )
+        return position
 
 
 @dataclass
@@ -477,6 +507,10 @@ class _Api:
     def remember(self, exchange: _Exchange, told: dict[str, Any]) -> None:
         return None
 
+    def stream_error(self, message: str) -> bytes:
+        """An ``error`` event of the API's stream, sent in place of the terminal event."""
+        raise NotImplementedError
+
 
 class _Responses(_Api):
     provider = "openai"
@@ -523,6 +557,10 @@ class _Responses(_Api):
 
     def answer(self, told: dict[str, Any]) -> Answer:
         return answer_of_response(told)
+
+    def stream_error(self, message: str) -> bytes:
+        error = {"type": "error", "code": "recording_unavailable", "message": message}
+        return encode_event({**error, "param": None})
 
     def from_chat(self, completion: dict[str, Any], parsed: ParsedRequest) -> dict[str, Any]:
         return chat_to_response(completion, parsed)
@@ -592,6 +630,9 @@ class _Messages(_Api):
 
     def answer(self, told: dict[str, Any]) -> Answer:
         return answer_of_message(told)
+
+    def stream_error(self, message: str) -> bytes:
+        return encode_event(messages_api.error_body(message, "api_error"))
 
     def from_chat(self, completion: dict[str, Any], parsed: ParsedRequest) -> dict[str, Any]:
         return chat_to_message(completion, parsed)

@@ -9,16 +9,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 from typing import Any
 
-from ..cli_support import ensure_topics, event_loop, resolve_bootstrap, subjects
+from ..cli_support import ensure_topics, event_loop, resolve_bootstrap, setting_option, subjects
 from ..settings import Settings
 
 __all__ = [
+    "add_gateway",
+    "add_otlp",
+    "add_produce",
     "cmd_gateway",
     "cmd_otlp",
     "cmd_produce",
 ]
+
+
+def add_produce(sub: Any) -> None:
+    p = sub.add_parser("produce", help="publish JSON-lines files of agent events")
+    p.add_argument(
+        "files",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="a JSON-lines file, or a directory: its *.jsonl files, in name order",
+    )
+    p.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="publish the valid lines of a file that has invalid ones",
+    )
+    p.set_defaults(func=cmd_produce)
 
 
 def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
@@ -58,35 +79,43 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if bad and not events else 0
 
 
+def add_otlp(sub: Any) -> None:
+    p = sub.add_parser(
+        "otlp",
+        help="receive OpenTelemetry GenAI spans on POST /v1/traces (OTLP/HTTP) as agent events",
+    )
+    setting_option(p, "otlp.host")  # --host, --port: settings for this run (streams.cli.main)
+    setting_option(p, "otlp.port", lead="listen port")
+    p.set_defaults(func=cmd_otlp)
+
+
 def cmd_otlp(args: argparse.Namespace, settings: Settings) -> int:
     from ..capture.otlp_http import run_otlp
 
-    if args.host is not None or args.port is not None:
-        settings.otlp = settings.otlp.model_copy(
-            update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-        )
     bootstrap = resolve_bootstrap(settings)
     ensure_topics(settings, bootstrap)
     asyncio.run(run_otlp(settings, bootstrap, ready=lambda url: print(url, flush=True)))
     return 0
 
 
+def add_gateway(sub: Any) -> None:
+    p = sub.add_parser(
+        "gateway",
+        help="the OpenAI-compatible gateway: route selected calls to Trinity, record every step",
+        description="Serve OpenAI's chat completions API in front of Trinity and a production "
+        "model. Agents set their client's base_url to http://HOST:PORT/calls/<call_id>/v1.",
+    )
+    # settings for this run (applied by streams.cli.main)
+    setting_option(p, "gateway.host", lead="listen address")
+    setting_option(p, "gateway.port", lead="listen port")
+    setting_option(p, "gateway.mode")
+    setting_option(p, "gateway.production_url")
+    p.set_defaults(func=cmd_gateway)
+
+
 def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
     from ..capture.gateway import build_gateway, run_gateway
 
-    updates = {
-        k: v
-        for k, v in (
-            ("host", args.host),
-            ("port", args.port),
-            ("mode", args.mode),
-            ("production_url", args.production_url),
-        )
-        if v is not None
-    }
-    if updates:
-        gateway = settings.gateway.model_validate({**settings.gateway.model_dump(), **updates})
-        settings = settings.model_copy(update={"gateway": gateway})
     # no check here: an unreachable cluster is no reason not to serve (the gateway spills);
     # its own start still stops on bad credentials, TLS or topics, naming the setting
     bootstrap = resolve_bootstrap(settings, check=False)

@@ -9,17 +9,42 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import Any
 
 from ..cli_support import ensure_topics, resolve_bootstrap
 from ..errors import ConfigError
 from ..settings import Settings
 
 __all__ = [
+    "add_broker",
+    "add_demo",
+    "add_simulate",
+    "add_standin",
     "cmd_broker",
     "cmd_demo",
     "cmd_simulate",
     "cmd_standin",
 ]
+
+
+def add_broker(sub: Any) -> None:
+    p = sub.add_parser("broker", help="the local Kafka broker or cluster (fetched with Maven)")
+    p.add_argument("action", choices=["start", "stop", "status", "run"])
+    p.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="start/run: a cluster of N brokers (a KRaft controller quorum of N; 3 for "
+        "replication factor 3 with min.insync.replicas 2)",
+    )
+    p.add_argument("--port", type=int, default=None, help="listener port (start: 9092 if free)")
+    p.add_argument(
+        "--sasl-ssl",
+        action="store_true",
+        help="run: also listen with SASL_SSL (a CA made at start, PLAIN and SCRAM users) and "
+        "print the settings that connect to it",
+    )
+    p.set_defaults(func=cmd_broker)
 
 
 def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
@@ -90,6 +115,13 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def add_standin(sub: Any) -> None:
+    p = sub.add_parser("standin", help="run the Trinity stand-in server")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8010)
+    p.set_defaults(func=cmd_standin)
+
+
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
     from ..devtools.standin import StandIn
 
@@ -97,10 +129,37 @@ def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def add_demo(sub: Any) -> None:
+    p = sub.add_parser("demo", help="run the whole loop locally and print a summary")
+    p.add_argument("--calls", type=int, default=120, help="agent calls to simulate")
+    p.add_argument("--agents", type=int, default=3, help="simulated agents")
+    p.add_argument(
+        "--rollout",
+        action="store_true",
+        help="gateway.rollout on, production scripted to fail more than the policy: the "
+        "comparison and the policy's promotion (try --agents 1 --calls 400)",
+    )
+    p.set_defaults(func=cmd_demo)
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from ..devtools.demo import run_demo
 
     return run_demo(settings, calls=args.calls, agents=args.agents, rollout=args.rollout)
+
+
+def add_simulate(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="drive simulated agent traffic (LLM steps served by trinity.url's chat endpoint)",
+    )
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument(
+        "--rate", type=float, default=0.0, help="calls per second (0: as fast as possible)"
+    )
+    p.add_argument("--marked", type=float, default=0.15, help="fraction of explicitly marked calls")
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=cmd_simulate)
 
 
 def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:

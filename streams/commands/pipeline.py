@@ -11,12 +11,17 @@ import asyncio
 import json
 import logging
 import os
+from typing import Any
 
 from ..cli_support import ensure_topics, event_loop, resolve_bootstrap, subjects
 from ..settings import Settings
 
 __all__ = [
     "REPLAY_EXAMPLES",
+    "add_replay",
+    "add_settings",
+    "add_topics",
+    "add_worker",
     "cmd_replay",
     "cmd_settings",
     "cmd_topics",
@@ -24,6 +29,16 @@ __all__ = [
 ]
 
 log = logging.getLogger("trajstream")
+
+
+def add_topics(sub: Any) -> None:
+    p = sub.add_parser("topics", help="create the deployment's topics")
+    p.set_defaults(func=cmd_topics)
+
+
+def add_worker(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run a stream worker; start more to scale out")
+    p.set_defaults(func=cmd_worker)
 
 
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
@@ -88,6 +103,29 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     )
     worker.execute_from_commandline()  # exits the process when the worker stops
     return 0
+
+
+def add_replay(sub: Any) -> None:
+    from ..runtime.replay_options import add_replay_arguments
+
+    p = sub.add_parser(
+        "replay",
+        help="re-score a range of history under a strategy and reward: dry run, to Trinity, or "
+        "to dataset files",
+        description="Replay the input topics over a time range (or explicit offsets) through "
+        "the pipeline's selection, assembly and reward stages, with a strategy and reward "
+        "function that may differ from the live ones. Reads without a consumer group: the live "
+        "workers' offsets and state are never touched.",
+        epilog=REPLAY_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_replay_arguments(p)  # one list: the fields of ReplayOptions
+    p.set_defaults(func=cmd_replay)
+
+
+def add_settings(sub: Any) -> None:
+    p = sub.add_parser("settings", help="print the effective settings as JSON")
+    p.set_defaults(func=cmd_settings)
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:

@@ -539,9 +539,14 @@ async def test_client_keys_guard_the_responses_and_messages_routes_too(
 ) -> None:
     """With ``gateway.api_keys``, the new routes are no open relay: the ``openai`` client's
     bearer key and the ``anthropic`` client's ``x-api-key`` are checked, a wrong one is 401
-    and recorded nowhere, and a key naming its agent names the recorded call's agent."""
+    and recorded nowhere, and a key naming its agent names the recorded call's agent. The
+    Messages routes refuse in Anthropic's error shape (401 ``authentication_error``, 429
+    ``rate_limit_error``), the Responses routes in OpenAI's."""
     _, api = production
-    keys = [{"key": "sk-agent-key-1", "agent": "keyed-bot"}]
+    keys = [
+        {"key": "sk-agent-key-1", "agent": "keyed-bot"},
+        {"key": "sk-slow-key-2", "rate_per_s": 0.01},  # one request, then 429 for 100 s
+    ]
     async with running_gateway(
         kafka_bootstrap, prefix, standin.url, api.url, tmp_path / "spill", api_keys=keys
     ) as gw:
@@ -559,12 +564,34 @@ async def test_client_keys_guard_the_responses_and_messages_routes_too(
                 )
                 assert message.content[0].type == "text"
             else:
-                with pytest.raises(openai.AuthenticationError):
+                with pytest.raises(openai.AuthenticationError) as openai_shape:
                     await client.responses.create(model="m", input="hi")
-                with pytest.raises(anthropic.AuthenticationError):
-                    await claude.messages.create(
-                        model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+                assert openai_shape.value.code == "invalid_api_key"
+                for path in ("/calls/m-False", ""):  # a call's step, and a call of one step
+                    unknown = anthropic.AsyncAnthropic(
+                        base_url=f"{gw.url}{path}", api_key=key, max_retries=0
                     )
+                    with pytest.raises(anthropic.AuthenticationError) as refused:
+                        await unknown.messages.create(
+                            model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+                        )
+                    body: Any = refused.value.body
+                    assert body["type"] == "error", body
+                    assert body["error"]["type"] == "authentication_error", body
+                    assert body["error"]["message"] == "Incorrect API key provided."
+        slow = anthropic.AsyncAnthropic(
+            base_url=f"{gw.url}/calls/slow", api_key="sk-slow-key-2", max_retries=0
+        )
+        with pytest.raises(anthropic.BadRequestError):  # takes the key's one request
+            await slow.messages.create(
+                model="m", max_tokens=8, messages=[{"content": "no role"}]  # type: ignore[typeddict-item]
+            )
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            await slow.messages.create(
+                model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        assert int(limited.value.response.headers["Retry-After"]) >= 1
         for call_id in ("k-True", "m-True"):
             await end(gw, call_id, "sk-agent-key-1")
         assert await gw.publisher.flush(30)
@@ -573,3 +600,100 @@ async def test_client_keys_guard_the_responses_and_messages_routes_too(
     starts = [r for r in records if isinstance(r, AgentCall) and r.phase is CallPhase.START]
     assert sorted(s.call_id for s in starts) == ["k-True", "m-True"]
     assert {s.agent_name for s in starts} == {"keyed-bot"}
+
+
+# -- durability and usage on these routes, as on chat completions ------------------------------
+
+
+@pytest.mark.parametrize("upstream", ["trinity", "production"])
+async def test_acked_mode_answers_only_once_the_records_are_on_the_broker_with_usage(
+    kafka_bootstrap: str,
+    prefix: str,
+    standin: StandIn,
+    production: tuple[StandIn, ApiProduction],
+    tmp_path: Path,
+    upstream: str,
+) -> None:
+    """``gateway.durability = acked`` on ``/v1/responses`` and ``/v1/messages``, JSON and
+    streamed, answered by Trinity (the translation) or production (the API's own events): when
+    the client has the answer, the broker has acknowledged every record queued so far. The
+    clients never ask for usage, and every recorded LLM step has its token counts."""
+    _, api = production
+    strategy = "sampling:1" if upstream == "trinity" else "sampling:0"
+    async with running_gateway(
+        kafka_bootstrap,
+        prefix,
+        standin.url,
+        api.url,
+        tmp_path / "spill",
+        strategy=strategy,
+        durability="acked",
+    ) as gw:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/calls/d-r/v1", api_key="k", max_retries=0)
+        claude = anthropic.AsyncAnthropic(
+            base_url=f"{gw.url}/calls/d-m", api_key="k", max_retries=0
+        )
+        hi: list[Any] = [{"role": "user", "content": "hi"}]
+
+        def on_broker() -> bool:
+            return gw.publisher.acked(gw.publisher.position).done()
+
+        told = await client.responses.create(model="m", input="hi")
+        assert told.output_text and on_broker()
+        async with client.responses.stream(
+            model="m", input="again", previous_response_id=told.id
+        ) as s:
+            streamed = await s.get_final_response()
+        assert streamed.output_text and on_broker()
+        message = await claude.messages.create(model="m", max_tokens=64, messages=hi)
+        assert message.content[0].type == "text" and on_broker()
+        history = [
+            *hi,
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "more"},
+        ]
+        async with claude.messages.stream(model="m", max_tokens=64, messages=history) as m:
+            final = await m.get_final_message()
+        assert final.content[0].type == "text" and on_broker()
+        assert gw.stats.answered[upstream] == 4
+        for call_id in ("d-r", "d-m"):
+            await end(gw, call_id)
+        assert on_broker()  # /end too answers once its END is on the broker
+    records = await read_topic(kafka_bootstrap, Topics(prefix, 4).agent_events, until=ends(2))
+    for call_id in ("d-r", "d-m"):
+        steps = check_once(events_of(records, call_id), ["LLM", "LLM"])
+        assert {s.upstream for s in steps} == {upstream}
+        for step in steps:  # the second of each was streamed, its client asking no usage
+            assert step.input_tokens and step.output_tokens, (call_id, step.seq)
+
+
+async def test_acked_mode_without_a_broker_refuses_in_each_api_s_shape(
+    standin: StandIn, tmp_path: Path
+) -> None:
+    """The broker never acknowledges (nothing listens there): after ``gateway.ack_timeout_s``
+    a JSON answer is a 503 in the API's own error shape, and a stream ends with the API's
+    ``error`` event in place of its terminal event (the client knows it was not recorded)."""
+    async with running_gateway(
+        "127.0.0.1:1", "noack", standin.url, standin.url, tmp_path / "spill",
+        durability="acked", ack_timeout_s=0.5,
+    ) as gw:  # fmt: skip
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/calls/n-r/v1", api_key="k", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as responses_refused:
+            await client.responses.create(model="m", input="hi")
+        assert responses_refused.value.status_code == 503
+        assert "gateway.durability" in responses_refused.value.message
+        stream = await client.responses.create(model="m", input="hi", stream=True)
+        events = [e.type async for e in stream]
+        assert events[-1] == "error" and "response.completed" not in events
+        claude = anthropic.AsyncAnthropic(
+            base_url=f"{gw.url}/calls/n-m", api_key="k", max_retries=0
+        )
+        hi: list[Any] = [{"role": "user", "content": "hi"}]
+        with pytest.raises(anthropic.InternalServerError) as messages_refused:
+            await claude.messages.create(model="m", max_tokens=8, messages=hi)
+        body: Any = messages_refused.value.body
+        assert body["type"] == "error" and body["error"]["type"] == "api_error"
+        with pytest.raises(anthropic.APIStatusError):
+            async with claude.messages.stream(model="m", max_tokens=8, messages=hi) as m:
+                await m.get_final_message()
+        assert gw.stats.ack_timeouts == 4

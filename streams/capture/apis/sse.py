@@ -9,11 +9,12 @@ May import: the standard library.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Event", "SseParser", "encode_event"]
+__all__ = ["Event", "HoldLast", "SseParser", "encode_event"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,31 @@ class SseParser:
                     lines.append(line[5:].removeprefix(" "))
             if lines:
                 yield Event(name, "\n".join(lines))
+
+
+_END = re.compile(rb"\r?\n\r?\n")
+
+
+class HoldLast:
+    """Passes a stream's bytes on, but for its last whole event: held back until
+    :meth:`release` (``gateway.durability = acked``: the terminal event, ``response.completed``
+    or ``message_stop``, is sent once the step is on the broker)."""
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """What may be sent now: everything up to the start of the last whole event."""
+        self._held += data
+        ends = [m.end() for m in _END.finditer(self._held)]
+        if len(ends) < 2:
+            return b""
+        out, self._held = self._held[: ends[-2]], self._held[ends[-2] :]
+        return out
+
+    def release(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
 
 
 def encode_event(data: dict[str, Any], *, name: str | None = None) -> bytes:
