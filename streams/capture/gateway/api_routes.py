@@ -322,7 +322,9 @@ class ApiRoutes:
                 await response.write_eof()
         return response
 
-    def _record(self, exchange: Exchange, answer: Answer, latency_ms: float) -> Awaitable[Any]:
+    def _record(
+        self, exchange: Exchange, answer: Answer, latency_ms: float
+    ) -> Awaitable[Any] | None:
         """Record the step; returns what is done once it is on the broker."""
         return self._publish_step(
             exchange.call_id,
@@ -346,7 +348,7 @@ class ApiRoutes:
         latency_ms: float,
         one_step: bool,
         provider: str | None = None,
-    ) -> Awaitable[Any]:
+    ) -> Awaitable[Any] | None:
         gw = self.gateway
         now = utcnow()
         step = llm_step(
@@ -368,7 +370,7 @@ class ApiRoutes:
         task = gw._spawn(self._join_shadow(step, shadow, one_step))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
-        return gw._after(task)
+        return gw._after(task) if gw.acked else None  # nobody waits when buffered
 
     async def _join_shadow(
         self,

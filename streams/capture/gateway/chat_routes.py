@@ -97,7 +97,7 @@ class ChatRoutes(GatewayState):
         upstream: str,
         latency_ms: float,
         one_step: bool,
-    ) -> Awaitable[Any]:
+    ) -> Awaitable[Any] | None:
         """Record the answer the client saw (in shadow mode once Trinity's answer joins it);
         returns what is done once it is on the broker."""
         now = utcnow()
@@ -120,7 +120,7 @@ class ChatRoutes(GatewayState):
         task = self._spawn(self._join_shadow(build(), body, shadow, one_step))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
-        return self._after(task)
+        return self._after(task) if self.acked else None  # nobody waits when buffered
 
 
     async def _join_shadow(
