@@ -11,9 +11,11 @@ drives both from this process with aiohttp. It reports, as a table and as JSON
 (bench/results/gateway-latest.json):
 
 1. max rate    closed loop, --concurrency requests in flight: requests/s through the gateway,
-               and straight to the stand-in (the upstream's own ceiling, for context)
-2. latency     open loop at half the gateway's measured max rate: p50/p99 through the gateway
-               and direct at the same rate; "added" is the difference of the two
+               straight to the stand-in (the upstream's own ceiling, for context), and through
+               the floor: a bare aiohttp proxy on uvloop (bench/proxy_floor.py: no parsing, no
+               recording), what any gateway in one Python process costs on this machine
+2. latency     open loop at each --rates: p50/p99 through the gateway, the floor and direct at
+               the same rate; "added" is the difference to direct
 3. rss         the gateway process's RSS sampled every second over a --soak run at that rate,
                each call ended with /end as agents do: first, max, last, and last minus the
                value after the first tenth of the run
@@ -207,7 +209,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if not bootstrap:
             broker = LocalBroker(REPO / ".cache" / "trajstream")
             bootstrap = broker.start(120)
-        standin_port, gateway_port = free_port(), free_port()
+        standin_port, gateway_port, floor_port = free_port(), free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJSTREAM_")}
         procs.append(
             spawn(
@@ -219,6 +221,23 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             )
         )
         upstream = f"http://127.0.0.1:{standin_port}"
+        procs.append(  # the floor: a bare aiohttp proxy (bench/proxy_floor.py)
+            spawn(
+                [
+                    sys.executable,
+                    str(REPO / "bench" / "proxy_floor.py"),
+                    "--port",
+                    str(floor_port),
+                    "--upstream",
+                    upstream,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=(tmp / "floor.log").open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+        floor = f"http://127.0.0.1:{floor_port}"
         env.update(
             TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
             TRAJSTREAM_KAFKA__TOPIC_PREFIX=f"gwbench{uuid.uuid4().hex[:6]}",
@@ -253,7 +272,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         gateway = f"http://127.0.0.1:{gateway_port}"
         await wait_http(f"{upstream}/health")
         await wait_http(f"{gateway}/healthz")
+        await wait_http(f"{floor}/healthz")
         direct_url = f"{upstream}/v1/chat/completions?call={{}}"
+        floor_url = f"{floor}/v1/chat/completions?call={{}}"
         gateway_url = f"{gateway}/calls/{{}}/v1/chat/completions"
 
         await max_rate(gateway_url, min(2.0, args.seconds), args.concurrency)  # warm up
@@ -266,9 +287,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "buffered_at_end": after["buffered"],
         }
         direct_max = await max_rate(direct_url, args.seconds, args.concurrency)
+        floor_max = await max_rate(floor_url, args.seconds, args.concurrency)
         by_rate = []
         for rate in args.rates:
             direct = await at_rate(direct_url, rate, args.seconds)
+            bare = await at_rate(floor_url, rate, args.seconds)
             hist = await overhead_buckets(gateway)
             through = await at_rate(gateway_url, rate, args.seconds)
             hist_after = await overhead_buckets(gateway)
@@ -281,8 +304,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         "p99": pct(through, 99),
                         "n": len(through),
                     },
+                    "floor": {"p50": pct(bare, 50), "p99": pct(bare, 99), "n": len(bare)},
                     "added_p50": pct(through, 50) - pct(direct, 50),
                     "added_p99": pct(through, 99) - pct(direct, 99),
+                    "floor_added_p50": pct(bare, 50) - pct(direct, 50),
+                    "floor_added_p99": pct(bare, 99) - pct(direct, 99),
                     "overhead_histogram_ms": {
                         "p50_at_most": bucket_quantile(hist, hist_after, 0.5),
                         "p99_at_most": bucket_quantile(hist, hist_after, 0.99),
@@ -309,7 +335,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "concurrency": args.concurrency,
             "durability": args.durability,
             "load_average": os.getloadavg(),
-            "max_rate": {"gateway_rps": round(gw_max, 1), "direct_rps": round(direct_max, 1)},
+            "max_rate": {
+                "gateway_rps": round(gw_max, 1),
+                "direct_rps": round(direct_max, 1),
+                "floor_rps": round(floor_max, 1),
+            },
             "recorded": recorded,
             "latency_ms": by_rate[0],
             "latency_by_rate": by_rate,
@@ -346,8 +376,8 @@ def report(result: dict[str, Any]) -> None:
     )
     print(
         f"max rate      gateway {mx['gateway_rps']:8.1f} req/s   "
-        f"direct {mx['direct_rps']:8.1f} req/s"
-        f"   (concurrency {result['concurrency']})"
+        f"direct {mx['direct_rps']:8.1f} req/s   floor (bare aiohttp proxy) "
+        f"{mx.get('floor_rps', float('nan')):8.1f} req/s   (concurrency {result['concurrency']})"
     )
     print(
         f"recorded      {rec['records_per_s']:.1f} records/s during the max-rate phase, "
@@ -362,6 +392,12 @@ def report(result: dict[str, Any]) -> None:
             f"p99 {lat['added_p99']:.2f} ms | overhead (own histogram) p50 <= {h['p50_at_most']}"
             f" ms, p99 <= {h['p99_at_most']} ms"
         )
+        if "floor" in lat:
+            print(
+                f"    floor (bare aiohttp proxy) p50 {lat['floor']['p50']:.2f} ms p99 "
+                f"{lat['floor']['p99']:.2f} ms | added by any Python proxy here p50 "
+                f"{lat['floor_added_p50']:.2f} ms p99 {lat['floor_added_p99']:.2f} ms"
+            )
     print(
         f"gateway RSS over {rss['soak_s']:g} s: first {rss['first']} KiB, after 1/10 "
         f"{rss['after_first_tenth']} KiB, max {rss['max']} KiB, last {rss['last']} KiB "

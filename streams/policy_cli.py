@@ -33,7 +33,7 @@ def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
     from .cli_support import resolve_bootstrap
     from .models import utcnow
     from .observe.policy import read_policy, render, replay_decisions
-    from .observe.status import TopicReader
+    from .observe.reader import TopicReader
     from .runtime.config import ledger_config_of
     from .runtime.replay_options import parse_time
     from .topics import Topics
@@ -62,7 +62,7 @@ def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_routing_show(args: argparse.Namespace, settings: Settings) -> int:
     from .cli_support import resolve_bootstrap
     from .observe.policy import read_policy
-    from .observe.status import TopicReader
+    from .observe.reader import TopicReader
     from .topics import Topics
 
     bootstrap = resolve_bootstrap(settings)
@@ -95,7 +95,7 @@ def cmd_routing_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _publish_override(settings: Settings, agent: str, share: float | None, args: Any) -> None:
-    from .cli_support import _registry, resolve_bootstrap
+    from .cli_support import resolve_bootstrap, subjects
     from .codec import SchemaRegistry
     from .io.kafka import producer
     from .models import RoutingOverride, utcnow
@@ -110,7 +110,7 @@ def _publish_override(settings: Settings, agent: str, share: float | None, args:
         reason=args.reason,
     )
     topic = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger
-    _registry(settings, [topic])
+    subjects(settings, [topic])
 
     async def publish() -> None:
         client = producer(bootstrap, settings.kafka.security)

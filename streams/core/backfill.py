@@ -7,33 +7,58 @@ its feedbacks were acknowledged before (``<p>.replayed``), what it sends, and wh
 ledger (key ``<replay_id>#ledger``, a :class:`~streams.models.LedgerState`: the write-ahead
 record of :mod:`streams.core.commits`).
 
-May import: the standard library, :mod:`streams.models`, :mod:`streams.errors`.
+A backfill commits by the workers' own rule: :class:`Backfill` is the ledger stage
+(:class:`~streams.core.ledger_stage.LedgerStage`, with its one batch sequence
+:func:`~streams.core.ledger_batch.run_batch`) over a state held in memory, one batch per
+acknowledged feedback; :func:`backfill_config` gives it replay's pacing (``--commit-every`` as
+``max_batch``, ``--commit-interval`` as the interval, and an end that commits what is left).
+
+May import: the standard library, the core, :mod:`streams.models`, :mod:`streams.codec`,
+:mod:`streams.errors`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Protocol
 
-from ..errors import ConfigError
-from ..models import RewardedTrajectory, Trajectory, UserFeedback
+from ..codec import SchemaRegistry
+from ..errors import ConfigError, ReplayError
+from ..models import (
+    CommitRecord,
+    LedgerState,
+    RewardedTrajectory,
+    Trajectory,
+    UserFeedback,
+)
 from .arms import trains
+from .commits import CommitPort
+from .compare import CompareConfig
+from .effects import Out, Reject, Source
+from .ledger import CommitPlan, LedgerConfig
+from .ledger_batch import run_batch
+from .ledger_stage import LedgerStage
+from .rollout import RolloutConfig
+from .store import MemoryStore
 
 __all__ = [
-    "CommitPacer",
+    "Backfill",
+    "BackfillPort",
     "FeedbackPlan",
     "Outcome",
     "ack_key",
+    "backfill_config",
     "commit_key",
     "ledger_key",
     "plan_feedback",
     "read_ledger",
     "replay_id",
     "replayed_topic",
+    "uncommitted_acks",
 ]
 
 
@@ -120,6 +145,20 @@ def read_ledger(keys: Iterable[bytes | None], rid: str) -> tuple[set[str], int]:
     return acknowledged, uncommitted
 
 
+def uncommitted_acks(records: Iterable[tuple[bytes | None, bytes | None]], rid: str) -> list[bytes]:
+    """From the (key, value) records of ``<p>.replayed`` in offset order: the acknowledgements
+    recorded under replay ``rid`` after its last commit (those :func:`read_ledger` counts as
+    uncommitted), as recorded."""
+    head, marker = f"{rid}|".encode(), commit_key(rid)
+    acks: list[bytes] = []
+    for key, value in records:
+        if key == marker:
+            acks.clear()
+        elif key is not None and key.startswith(head) and value:
+            acks.append(value)
+    return acks
+
+
 @dataclass(frozen=True)
 class FeedbackPlan:
     send: list[RewardedTrajectory]
@@ -154,31 +193,147 @@ def plan_feedback(
     return FeedbackPlan(send, skipped, unsendable)
 
 
-class CommitPacer:
-    """When to commit: after every ``every`` acknowledged feedbacks, or when ``interval``
-    seconds have passed since the last commit with at least one acknowledged, and at the end
-    if anything is left; never an empty commit."""
+def backfill_config(base: LedgerConfig, every: int | None, interval_s: float) -> LedgerConfig:
+    """The ledger configuration of a backfill: the workers' commit rule (aligned intervals of
+    ``interval_s``, never an empty commit) with replay's pacing: a batch of ``every``
+    acknowledgements commits at once, and the end of the replay commits what is left (no
+    successor takes the ledger over). A backfill neither holds its commits nor routes traffic:
+    the windows of replayed history decide nothing live."""
+    if every is not None and every < 1:
+        raise ConfigError(f"--commit-every must be at least 1, got {every}")
+    if not interval_s > 0:
+        raise ConfigError(f"--commit-interval must be positive, got {interval_s}")
+    return replace(
+        base,
+        interval=timedelta(seconds=interval_s),
+        min_batch=1,
+        commit_empty=False,
+        hold_on_drift=False,
+        compare=CompareConfig(),
+        rollout=RolloutConfig(enabled=False),
+        max_batch=every,
+        handover=False,
+    )
 
-    def __init__(self, every: int | None, interval: float | None, now: float = 0.0) -> None:
-        if every is not None and every < 1:
-            raise ConfigError(f"--commit-every must be at least 1, got {every}")
-        if interval is not None and not interval > 0:
-            raise ConfigError(f"--commit-interval must be positive, got {interval}")
-        self.every = every
-        self.interval = interval
-        self.pending = 0
-        self._since = now
 
-    def acked(self, now: float) -> bool:
-        """One more feedback acknowledged; True when a commit is due now."""
-        self.pending += 1
-        if self.every is not None and self.pending >= self.every:
-            return True
-        return self.interval is not None and now - self._since >= self.interval
+class BackfillPort(Protocol):
+    """What :class:`Backfill` needs of its runner: Trinity, and ``<p>.replayed``."""
 
-    def committed(self, now: float) -> None:
-        self.pending = 0
-        self._since = now
+    @property
+    def trinity(self) -> CommitPort: ...
 
-    def final(self) -> bool:
-        return self.pending > 0
+    async def write_ahead(self, state: LedgerState) -> None:
+        """Make ``state`` (with its pending commit) durable before ``/commit`` is sent; every
+        acknowledgement recorded before it."""
+
+    async def recorded(self, record: CommitRecord, state: LedgerState) -> None:
+        """Record a commit (made, held, not sent or resolved), then ``state`` after it."""
+
+
+class _MemoryLedger(LedgerStage):
+    """The ledger stage over a state kept as an object: nothing to encode between batches."""
+
+    def __init__(self, cfg: LedgerConfig, codec: SchemaRegistry, state: LedgerState) -> None:
+        super().__init__(cfg, store=MemoryStore(), codec=codec)
+        self.state = state
+
+    def load(self) -> LedgerState:
+        return self.state
+
+    def save(self, state: LedgerState) -> None:
+        self.state = state
+
+    def exists(self) -> bool:
+        return True
+
+
+class Backfill:
+    """Replay's commits to Trinity, by the live ledger's stage and sequence (see the module).
+
+    ``state`` is the replay's ledger as ``<p>.replayed`` had it (None: it never committed).
+    Call :meth:`resume` first, :meth:`acked` with each acknowledgement as it was recorded on
+    ``<p>.replayed``, and :meth:`close` at the end; :attr:`records` holds the commits made.
+    A commit that Trinity did not take raises :class:`~streams.errors.ReplayError` (re-running
+    the replay resumes it).
+    """
+
+    def __init__(
+        self,
+        cfg: LedgerConfig,
+        port: BackfillPort,
+        *,
+        codec: SchemaRegistry,
+        state: LedgerState | None,
+        topic: str,
+        clock: Callable[[], datetime],
+    ) -> None:
+        state = state.model_copy(deep=True) if state is not None else LedgerState()
+        self.stage = _MemoryLedger(cfg, codec, state)
+        self.port = port
+        self.topic = topic
+        self.clock = clock
+        self.records: list[CommitRecord] = []
+        self.plans: list[CommitPlan] = []
+        """Every commit plan made (not those resolved from an earlier run)."""
+        self.rejects: list[Reject] = []
+
+    @property
+    def state(self) -> LedgerState:
+        return self.stage.state
+
+    async def resume(self, uncommitted: Sequence[bytes] = ()) -> None:
+        """The first batch: resolve a commit an earlier run left in flight, and apply the
+        acknowledgements it recorded after its last commit (``uncommitted``, see
+        :func:`uncommitted_acks`), unless that commit in flight carries them already (they were
+        applied before it was written ahead)."""
+        carried = self.state.pending_commit is not None
+        await self._batch([] if carried else list(uncommitted))
+
+    async def acked(self, recorded: bytes) -> None:
+        """One acknowledgement (a :class:`~streams.models.FeedbackAck` as recorded): commits
+        when the rule says so."""
+        await self._batch([recorded])
+
+    async def close(self) -> None:
+        """The end of the replay: commit whatever is left."""
+        await self._batch([], closing=True)
+
+    async def _batch(self, values: list[bytes], *, closing: bool = False) -> None:
+        first = self.state.applied_offset + 1  # each acknowledgement applied once
+        sources = [Source(self.topic, 0, first + i, None, v) for i, v in enumerate(values)]
+
+        async def read(state: LedgerState) -> list[Source]:
+            return sources
+
+        batch = await run_batch(self.stage, _Port(self), read, self.clock, closing=closing)
+        self.rejects.extend(batch.applied.rejects)
+
+
+class _Port:
+    """The ledger sequence's port (:class:`~streams.core.ledger_batch.LedgerPort`) of a
+    backfill: the windows and alerts it decides are replayed history, sent nowhere."""
+
+    def __init__(self, backfill: Backfill) -> None:
+        self.backfill = backfill
+
+    @property
+    def trinity(self) -> CommitPort:
+        return self.backfill.port.trinity
+
+    async def send_decided(self, out: Out) -> None:
+        pass
+
+    async def write_ahead(self, state: LedgerState) -> None:
+        await self.backfill.port.write_ahead(state)
+
+    async def recorded(self, record: CommitRecord | None, plan: CommitPlan | None) -> None:
+        if record is None:
+            raise ReplayError(
+                "commit: Trinity failed; re-run the replay to commit"
+                if plan is not None
+                else "cannot resolve the interrupted commit; re-run the replay"
+            )
+        if plan is not None:
+            self.backfill.plans.append(plan)
+        self.backfill.records.append(record)
+        await self.backfill.port.recorded(record, self.backfill.state)

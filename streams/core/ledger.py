@@ -10,10 +10,12 @@ Commits
   ``min_batch`` acknowledgements (trajectories; the ``/feedback`` requests they took, one per
   distinct step reward, are counted alongside), one ``/commit`` is due. Intervals without
   acknowledged feedback commit nothing (``commit_empty`` changes that). A batch smaller than
-  ``min_batch`` carries over. A final tick (graceful stop) commits whatever was acknowledged. An
-  acknowledgement delivered twice (same trajectory id among the last ``RECENT_IDS``) counts
-  once. The batch is kept as running statistics, so the state stays small however large the
-  interval.
+  ``min_batch`` carries over. With ``max_batch``, a batch that reaches it commits at once
+  (replay's ``--commit-every``). A final tick (graceful stop) commits whatever was acknowledged,
+  unless a commit was made in its interval (the next owner commits the batch when the interval
+  ends; ``handover`` off, for replay, commits it at once). An acknowledgement delivered twice
+  (same trajectory id among the last ``RECENT_IDS``) counts once. The batch is kept as running
+  statistics, so the state stays small however large the interval.
 
 Reward windows
   Event-time tumbling windows per agent name, model and upstream (who answered the call,
@@ -101,6 +103,13 @@ class LedgerConfig:
     hold_on_drift: bool = False
     compare: CompareConfig = field(default_factory=CompareConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    max_batch: int | None = None
+    """A batch of this many acknowledgements commits at once, whatever the interval (replay's
+    ``--commit-every``); None: only the interval's end does."""
+    handover: bool = True
+    """A final tick hands the ledger over: it commits only if no commit was made in its
+    interval (the next owner commits when the interval ends). False for a runner with no
+    successor (replay): its end commits whatever is left."""
 
 
 CommitPlan = PendingCommit
@@ -370,8 +379,10 @@ def due_commit(
         same = last is not None and _interval_index(now, cfg.interval) == _interval_index(
             last, cfg.interval
         )
-        if same:
+        if same and cfg.handover:
             return None
+    elif cfg.max_batch is not None and count >= cfg.max_batch:
+        pass  # a full batch commits now
     else:
         anchor = state.batch_start if count else (state.last_commit or None)
         if count == 0 and not cfg.commit_empty:

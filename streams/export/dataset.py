@@ -27,24 +27,19 @@ answers the call its ``tool_call_id`` names. Older records have names only
 and ``"{}"`` as arguments unless the recorded entry is itself a JSON object with ``name`` and
 ``arguments``.
 
+The rows' formats are in :mod:`streams.export.formats`, the writing in
+:mod:`streams.export.files`; both are re-exported here.
+
 May import: pydantic, the top-level modules.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Iterable, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from ..errors import ConfigError, ExportError
+from ..errors import ExportError
 from ..models import (
     ChatMessage,
     Completion,
@@ -54,11 +49,14 @@ from ..models import (
     Trajectory,
     UserFeedback,
 )
+from .files import ExportFile, check_writable, write_export
+from .formats import DpoRow, Pair, Row, SftRow, canonical
 
 __all__ = [
     "EXPORT_SCHEMA_VERSION",
     "DpoRow",
     "ExportError",
+    "ExportFile",
     "Pair",
     "Row",
     "SftRow",
@@ -75,116 +73,9 @@ __all__ = [
     "write_export",
 ]
 
+
 EXPORT_SCHEMA_VERSION = 1
 """Version of the export files' layout and of the manifest; bumped when either changes."""
-
-
-# -- the formats -----------------------------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ToolFunction(_Strict):
-    name: str = Field(min_length=1)
-    arguments: str
-
-
-class ToolCall(_Strict):
-    id: str = Field(min_length=1)
-    type: Literal["function"] = "function"
-    function: ToolFunction
-
-
-class Message(_Strict):
-    """One message of OpenAI's chat format, as fine-tuning accepts it."""
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-    weight: Literal[0, 1] | None = None
-
-    @model_validator(mode="after")
-    def _shape(self) -> Message:
-        if self.role == "assistant":
-            if not self.content and not self.tool_calls:
-                raise ValueError("an assistant message needs content or tool_calls")
-        else:
-            if self.content is None:
-                raise ValueError(f"a {self.role} message needs content")
-            if self.tool_calls is not None or self.weight is not None:
-                raise ValueError(f"a {self.role} message cannot have tool_calls or weight")
-        if (self.role == "tool") != (self.tool_call_id is not None):
-            raise ValueError("tool_call_id is required on tool messages, and only there")
-        return self
-
-
-class SftRow(_Strict):
-    """A row of OpenAI's chat fine-tuning format (``{"messages": [...]}``)."""
-
-    messages: list[Message] = Field(min_length=2)
-
-    @model_validator(mode="after")
-    def _conversation(self) -> SftRow:
-        if not any(m.role == "assistant" and m.weight != 0 for m in self.messages):
-            raise ValueError("no assistant message to train on")
-        if self.messages[0].role == "assistant":
-            raise ValueError("the conversation starts with the assistant")
-        called: set[str] = set()
-        for m in self.messages:
-            for call in m.tool_calls or []:
-                called.add(call.id)
-            if m.role == "tool" and m.tool_call_id not in called:
-                raise ValueError(f"tool message answers unknown tool_call_id {m.tool_call_id!r}")
-        return self
-
-
-class AssistantOutput(_Strict):
-    role: Literal["assistant"]
-    content: str = Field(min_length=1)
-
-
-class DpoInput(_Strict):
-    messages: list[Message] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    parallel_tool_calls: bool | None = None
-
-
-class DpoRow(_Strict):
-    """A row of OpenAI's preference (DPO) fine-tuning format."""
-
-    input: DpoInput
-    preferred_output: list[AssistantOutput] = Field(min_length=1, max_length=1)
-    non_preferred_output: list[AssistantOutput] = Field(min_length=1, max_length=1)
-
-    @model_validator(mode="after")
-    def _different(self) -> DpoRow:
-        if self.preferred_output[0].content == self.non_preferred_output[0].content:
-            raise ValueError("preferred and non-preferred outputs are the same")
-        if self.input.messages[-1].role == "assistant":
-            raise ValueError("the input ends with an assistant message")
-        return self
-
-
-# -- rows -------------------------------------------------------------------------------------
-
-Row = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A DPO row and where it came from (for the manifest's trace)."""
-
-    row: Row
-    trace: Row
-
-
-def canonical(row: Any) -> str:
-    """The row as one line of JSON, keys sorted: equal rows give equal lines."""
-    return json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def trajectory_row(trajectory: Trajectory, rewarded: RewardedTrajectory) -> Row:
@@ -509,92 +400,3 @@ def dedupe(rows: Sequence[Row], traces: Sequence[Row]) -> tuple[list[Row], list[
         kept.append(row)
         kept_traces.append(trace)
     return kept, kept_traces, len(rows) - len(kept)
-
-
-# -- writing ----------------------------------------------------------------------------------
-
-
-def check_writable(out: Path) -> Path:
-    """Create ``out`` if needed and prove a file can be written there; else :class:`ConfigError`
-    naming the path. Called before any work, so a bad path costs nothing."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".trajstream-probe-"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"cannot write the export to {out}: {exc.strerror or exc}") from None
-    return out
-
-
-@dataclass
-class ExportFile:
-    """One file of an export: its rows, a trace per row and what dedupe removed."""
-
-    name: str
-    format: str
-    rows: list[Row]
-    traces: list[Row]
-    duplicates_removed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def write_export(
-    out: Path, files: Sequence[ExportFile], manifest: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Write every file and ``manifest.json`` into ``out``, all or nothing.
-
-    Each file is written to a temporary name beside its target; only when all are complete are
-    they renamed into place (``os.replace``), the manifest last. Returns the manifest written,
-    with each file's rows, duplicates removed, sha256 and trace.
-    """
-    temps: list[tuple[Path, Path]] = []
-    full = dict(manifest)
-    listing: dict[str, Any] = {}
-    try:
-        for f in files:
-            tmp, digest = _write_temp(out, f.name, (canonical(r) + "\n" for r in f.rows))
-            temps.append((tmp, out / f.name))
-            listing[f.name] = {
-                "format": f.format,
-                "rows": len(f.rows),
-                "duplicates_removed": f.duplicates_removed,
-                "sha256": digest,
-                **f.extra,
-                "trace": f.traces,
-            }
-        full["files"] = listing
-        text = json.dumps(full, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
-        tmp, _ = _write_temp(out, "manifest.json", [text])
-        temps.append((tmp, out / "manifest.json"))
-        for tmp, target in temps:
-            os.replace(tmp, target)
-    except OSError as exc:
-        for tmp, _ in temps:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        raise ExportError(f"cannot write the export to {out}: {exc.strerror or exc}") from exc
-    return full
-
-
-def _write_temp(out: Path, name: str, lines: Iterable[str]) -> tuple[Path, str]:
-    fd, path = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
-    digest = hashlib.sha256()
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a dataset is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            for line in lines:
-                fh.write(line)
-                digest.update(line.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise
-    return Path(path), digest.hexdigest()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

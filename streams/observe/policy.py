@@ -9,7 +9,7 @@ through the same functions as the live ledger (:func:`streams.core.compare.compa
 published, with others (``compare.level``, ``gateway.rollout.*``) it shows what they would have
 decided on the same traffic. :func:`render` prints a table per agent.
 
-May import: the core, the models, :mod:`.status` (its TopicReader), rich.
+May import: the core, the models, :mod:`.reader` (its TopicReader), rich.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ..models import (
     WindowSummary,
 )
 from ..topics import Topics
-from .status import TopicReader
+from .reader import TopicReader
 
 __all__ = ["PolicyView", "read_policy", "render", "replay_decisions"]
 

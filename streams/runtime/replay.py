@@ -6,8 +6,10 @@
 in-memory stores), with a strategy and reward function of your choice. Only the clock differs
 (:mod:`streams.core.clock`: record time instead of ticks). The result goes nowhere (a dry run),
 to Trinity (feedback with the one retry policy of :func:`streams.io.trinity.retrying`, then
-commits by the protocol of :mod:`streams.core.commits`: write-ahead, resolved after a crash,
-never empty), or to dataset files (:mod:`streams.export.build`).
+commits by the live ledger's stage and rule over a state in memory,
+:class:`streams.core.backfill.Backfill`, and the protocol of :mod:`streams.core.commits`:
+write-ahead, resolved after a crash, never empty), or to dataset files
+(:mod:`streams.export.build`).
 
 :func:`run_replay` is the driver: a plain consumer with manually assigned partitions and no
 consumer group (:mod:`streams.io.kafka`; it can neither move the live workers' offsets nor touch
@@ -35,16 +37,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ..codec import SchemaRegistry
 from ..core.backfill import (
-    CommitPacer,
     Outcome,
     ack_key,
+    backfill_config,
     commit_key,
     plan_feedback,
     read_ledger,
@@ -62,8 +63,9 @@ from ..models import (
     utcnow,
 )
 from ..topics import Topics
-from .config import judge_of, limits_of
+from .config import judge_of, ledger_config_of, limits_of
 from .replay_io import (
+    Replayed,
     ask_judge,
     manifest,
     read_range,
@@ -85,7 +87,6 @@ if TYPE_CHECKING:
 __all__ = [
     "END_OF_TIME",
     "VERDICTS_LOADED_AT",
-    "CommitPacer",
     "Comparison",
     "Distribution",
     "OffsetRange",
@@ -144,12 +145,12 @@ async def run_replay(
     judge = judge_of(settings, rewarders)  # a judge reward without its settings fails here
     redactor = Redactor(options.redact_patterns, enabled=options.redact)  # files
     task_redactor = Redactor(options.redact_patterns, enabled=options.redact)  # Trinity task_id
-    pacer = CommitPacer(
+    pacing = backfill_config(  # the workers' commit rule with replay's pacing
+        ledger_config_of(settings),
         options.commit_every,
         options.commit_interval_s
         if options.commit_interval_s is not None
         else settings.commit.interval_s,
-        time.monotonic(),
     )
     dry_run = options.dry_run or not options.to
     if options.out is not None and not dry_run:
@@ -180,6 +181,7 @@ async def run_replay(
     # let the consumer's background task start: stopping it before it ran raises
     # CancelledError out of aiokafka's stop() (no-group mode)
     await asyncio.sleep(0)
+    replayed = Replayed()
     try:
         ranges, source = await resolve_range(consumer, topics, prefix, options, started, lookback)
         core = ReplayRunner(
@@ -212,12 +214,13 @@ async def run_replay(
             core.stats.update(counts)
             core.add_verdicts(verdicts)
         if "trinity" in options.to:
-            acknowledged, uncommitted, result.ledger = await read_replayed(
-                consumer, topics, names.replayed, rid, codec
+            replayed = await read_replayed(consumer, topics, names.replayed, rid, codec)
+            result.ledger = replayed.ledger
+            result.acknowledged_before = len(replayed.acknowledged)
+            result.uncommitted_before = len(replayed.uncommitted)
+            result.plan = plan_feedback(
+                (r for _, r in core.scored()), replayed.acknowledged, task_redactor
             )
-            result.acknowledged_before = len(acknowledged)
-            result.uncommitted_before = uncommitted
-            result.plan = plan_feedback((r for _, r in core.scored()), acknowledged, task_redactor)
     finally:
         await consumer.stop()
 
@@ -232,15 +235,14 @@ async def run_replay(
             or (result.ledger is not None and result.ledger.pending_commit is not None)
         )
     ):
-        pacer.pending = result.uncommitted_before
         sent = await send_to_trinity(
             settings,
             bootstrap,
             client_id,
             rid,
             result.plan,
-            result.ledger,
-            pacer,
+            replayed,
+            pacing,
             progress_console,
             trinity,
             codec,

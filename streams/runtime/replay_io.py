@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
-import statistics
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,17 +18,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..codec import SchemaRegistry
 from ..core.backfill import (
-    CommitPacer,
+    Backfill,
     FeedbackPlan,
     ack_key,
     commit_key,
     ledger_key,
     read_ledger,
+    uncommitted_acks,
 )
-from ..core.commits import resolve_commit, write_ahead_commit
 from ..core.feedback import FeedbackRequest, deliver
 from ..core.judge import failed_verdict
-from ..core.ledger import CommitPlan
+from ..core.ledger import LedgerConfig
 from ..core.retry import RetryPolicy
 from ..errors import BrokerError, ConfigError, TrinityError, TrinityRejected
 from ..export.dataset import EXPORT_SCHEMA_VERSION
@@ -49,6 +47,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 __all__ = [
+    "Replayed",
     "Sent",
     "ask_judge",
     "manifest",
@@ -181,22 +180,33 @@ async def _whole(consumer: Any, topic: str, partitions: list[int]) -> list[Any]:
         raise ReplayError(str(exc)) from exc
 
 
+@dataclass(slots=True)
+class Replayed:
+    """What ``<p>.replayed`` says of one replay: the trajectory ids acknowledged under it, the
+    acknowledgements an interrupted run recorded after its last commit (as recorded), and its
+    commit ledger (None: it never committed)."""
+
+    acknowledged: set[str] = field(default_factory=set)
+    uncommitted: list[bytes] = field(default_factory=list)
+    ledger: LedgerState | None = None
+
+
 async def read_replayed(
     consumer: Any, existing: dict[str, list[int]], topic: str, rid: str, codec: SchemaRegistry
-) -> tuple[set[str], int, LedgerState | None]:
-    """What ``<p>.replayed`` says of replay ``rid`` (see :func:`read_ledger`), and its commit
-    ledger."""
+) -> Replayed:
+    """What ``<p>.replayed`` says of replay ``rid`` (see :func:`read_ledger`)."""
 
     if topic not in existing:
-        return set(), 0, None
+        return Replayed()
     messages = await _whole(consumer, topic, existing[topic])
     if not messages:
-        return set(), 0, None
-    acknowledged, uncommitted = read_ledger((m.key for m in messages), rid)
+        return Replayed()
+    acknowledged, _ = read_ledger((m.key for m in messages), rid)
     key = ledger_key(rid)
     ledgers = [m.value for m in messages if m.key == key and m.value]
     ledger = codec.decode_as(ledgers[-1], LedgerState) if ledgers else None
-    return acknowledged, uncommitted, ledger
+    uncommitted = uncommitted_acks(((m.key, m.value) for m in messages), rid)
+    return Replayed(acknowledged, uncommitted, ledger)
 
 
 @dataclass(slots=True)
@@ -216,16 +226,17 @@ async def send_to_trinity(
     client_id: str,
     rid: str,
     plan: FeedbackPlan,
-    ledger: LedgerState | None,
-    pacer: CommitPacer,
+    replayed: Replayed,
+    cfg: LedgerConfig,
     console: Console,
     trinity_factory: Callable[[], TrinityClient] | None,
     codec: SchemaRegistry,
 ) -> Sent:
     """Feedback for every planned trajectory, each acknowledgement recorded on
-    ``<p>.replayed`` before the commit that carries it; commits by the protocol of
-    :mod:`streams.core.commits` (the replay's :class:`~streams.models.LedgerState` under
-    ``<replay_id>#ledger``, ``ledger`` as read, is the write-ahead record)."""
+    ``<p>.replayed`` before the commit that carries it; commits by the workers' ledger stage
+    and commit protocol (:class:`~streams.core.backfill.Backfill` with ``cfg``: the replay's
+    :class:`~streams.models.LedgerState` under ``<replay_id>#ledger`` is the write-ahead
+    record)."""
     from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 
     result = Sent()
@@ -241,7 +252,6 @@ async def send_to_trinity(
     producer = kafka.producer(bootstrap, security, client_id=client_id)
     trinity = (trinity_factory or (lambda: TrinityClient.from_settings(settings.trinity)))()
     policy = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
-    state = ledger.model_copy(deep=True) if ledger else LedgerState()
 
     async def retried(call: Callable[[], Any], what: str) -> tuple[int, Any]:
         try:
@@ -251,72 +261,47 @@ async def send_to_trinity(
                 f"{what}: {exc}; re-run the replay to resume (acknowledged feedback is skipped)"
             ) from exc
 
-    await producer.start()
-    try:
-        recorded: list[Any] = []
-        batch: list[float] = []
-        batch_requests: list[int] = []  # /feedback requests per acknowledged trajectory
-        opened = utcnow()
+    in_flight: list[Any] = []  # acknowledgements on their way to <p>.replayed
 
-        async def save(s: LedgerState) -> None:
-            await producer.send_and_wait(topic, key=ledger_key(rid), value=codec.encode(s))
+    class Port:
+        """Trinity for the commit protocol, each call under the one retry policy, and
+        ``<p>.replayed`` for the ledger and its commits (every acknowledgement before them)."""
 
-        async def publish(record: CommitRecord) -> None:
-            nonlocal opened
+        @property
+        def trinity(self) -> Port:
+            return self
+
+        async def metrics(self) -> dict[str, Any]:
+            return (await retried(trinity.metrics, "metrics"))[1]  # type: ignore[no-any-return]
+
+        async def commit(self) -> dict[str, Any]:
+            return (await retried(trinity.commit, "commit"))[1]  # type: ignore[no-any-return]
+
+        async def write_ahead(self, state: LedgerState) -> None:
+            await asyncio.gather(*in_flight)  # the acks are durable before the commit
+            in_flight.clear()
+            await producer.send_and_wait(topic, key=ledger_key(rid), value=codec.encode(state))
+
+        async def recorded(self, record: CommitRecord, state: LedgerState) -> None:
+            await asyncio.gather(*in_flight)
+            in_flight.clear()
             if record.sent:
                 result.commits += 1
             await producer.send_and_wait(topic, key=commit_key(rid), value=codec.encode(record))
-            await save(state)
-            pacer.committed(time.monotonic())
-            batch.clear()
-            batch_requests.clear()
-            opened = utcnow()
+            await producer.send_and_wait(topic, key=ledger_key(rid), value=codec.encode(state))
 
-        class Port:
-            """Trinity for the commit protocol, each call under the one retry policy."""
-
-            async def metrics(self) -> dict[str, Any]:
-                return (await retried(trinity.metrics, "metrics"))[1]  # type: ignore[no-any-return]
-
-            async def commit(self) -> dict[str, Any]:
-                return (await retried(trinity.commit, "commit"))[1]  # type: ignore[no-any-return]
-
-        port = Port()
-
-        async def commit() -> None:
-            await asyncio.gather(*recorded)  # the acks are durable before the commit
-            recorded.clear()
-            now = utcnow()
-            plan = CommitPlan(
-                seq=state.next_seq,
-                interval_start=opened,
-                interval_end=now,
-                count=pacer.pending,
-                reward_sum=sum(batch),
-                reward_min=min(batch, default=0.0),
-                reward_max=max(batch, default=0.0),
-                requests=sum(batch_requests),
-            )
-            record = await write_ahead_commit(state, plan, port, save)
-            if record is None:
-                raise ReplayError("commit: Trinity failed; re-run the replay to commit")
-            # the rewards this run saw (an interrupted run's acknowledgements have none here)
-            record.reward_mean = statistics.fmean(batch) if batch else None
-            record.reward_min = min(batch, default=None)
-            record.reward_max = max(batch, default=None)
-            record.feedback_requests = sum(batch_requests) if batch else None
-            await publish(record)
-
-        if state.pending_commit is not None:
-            # an earlier run was stopped between writing its commit ahead and recording it
-            record = await resolve_commit(state, port)
-            if record is None:
-                raise ReplayError("cannot resolve the interrupted commit; re-run the replay")
-            await publish(record)
-            pacer.pending = 0
+    await producer.start()
+    try:
+        backfill = Backfill(
+            cfg, Port(), codec=codec, state=replayed.ledger, topic=topic, clock=utcnow
+        )
+        # an earlier run stopped between writing its commit ahead and recording it, or with
+        # acknowledgements it did not commit: resolved, and carried by the next commit
+        await backfill.resume(replayed.uncommitted)
 
         with progress(console) as bar:
             task = bar.add_task("feedback to Trinity", total=len(plan.send))
+
             async def send(request: FeedbackRequest, what: str) -> int:
                 call = functools.partial(
                     trinity.feedback,
@@ -336,19 +321,13 @@ async def send_to_trinity(
                     bar.advance(task)
                     continue
                 result.acked += 1
-                batch.append(rewarded.reward)
-                batch_requests.append(ack.feedbacks)
-                recorded.append(
-                    await producer.send(
-                        topic, key=ack_key(rid, rewarded.trajectory_id), value=codec.encode(ack)
-                    )
-                )
-                if pacer.acked(time.monotonic()):
-                    await commit()
+                value = codec.encode(ack)
+                key = ack_key(rid, rewarded.trajectory_id)
+                in_flight.append(await producer.send(topic, key=key, value=value))
+                await backfill.acked(value)
                 bar.advance(task)
-            if pacer.final():
-                await commit()
-        await asyncio.gather(*recorded)
+            await backfill.close()
+        await asyncio.gather(*in_flight)
     except TrinityError as exc:
         raise ReplayError(f"Trinity: {exc}") from exc
     finally:

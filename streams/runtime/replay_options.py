@@ -207,7 +207,9 @@ class ReplayOptions:
     commit_interval_s: float | None = _opt(
         "output",
         "--commit-interval",
-        "or when this long has passed since the last commit (default: commit.interval_s)",
+        "or at the end of each interval of this many seconds in which feedback was "
+        "acknowledged, aligned to the clock like the workers' commits (default: "
+        "commit.interval_s)",
         type=float,
         metavar="SECONDS",
     )

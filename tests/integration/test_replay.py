@@ -264,6 +264,10 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
         "trinity",
         "--commit-every",
         "7",
+        # the workers' aligned intervals, this long: none ends during the test (the next
+        # boundary is in 2033), so every commit but the last is by count
+        "--commit-interval",
+        "1e9",
     ]
     code, stdout, stderr = await replay(env_trinity, *backfill)
     assert code == 0, stderr
@@ -329,11 +333,14 @@ async def test_replay_reproduces_the_live_run_then_backfills_trinity_once(
 
     # ... but when Trinity has nothing ready for it (an earlier commit drained it), nothing is
     # sent: an empty commit would still advance the explore step
+    drained = acks[1].model_copy(
+        update={"rewarded": acks[1].rewarded.model_copy(update={"trajectory_id": "drained"})}
+    )
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:
         await producer.send_and_wait(
-            f"{prefix}.replayed", key=ack_key(rid, "drained"), value=codec.encode(acks[1])
+            f"{prefix}.replayed", key=ack_key(rid, "drained"), value=codec.encode(drained)
         )
     finally:
         await producer.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from streams.cli import audit_table
 
 
@@ -88,3 +90,94 @@ def test_replay_options_are_one_list_the_parser_is_built_from() -> None:
         ReplayOptions()
     )
     assert all("cli" in f.metadata for f in fields(ReplayOptions))
+
+
+def _setting_options() -> dict[tuple[str, str], tuple[str, object]]:
+    """(command, flag) -> (setting path, argparse action) of every option that sets a setting."""
+    import argparse
+
+    from streams.cli import build_parser
+
+    found: dict[tuple[str, str], tuple[str, object]] = {}
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        overrides = parser.get_default("setting_overrides") or {}
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    walk(sub, f"{name} {sub_name}".strip())
+            elif action.dest in overrides:
+                found[(name, action.option_strings[0])] = (overrides[action.dest], action)
+
+    walk(build_parser(), "")
+    return found
+
+
+def test_options_that_set_a_setting_follow_its_field() -> None:
+    import typing
+    from pathlib import Path
+
+    from streams.cli_support import setting_field
+
+    options = _setting_options()
+    assert {key: path for key, (path, _) in options.items()} == {
+        ("gateway", "--host"): "gateway.host",
+        ("gateway", "--port"): "gateway.port",
+        ("gateway", "--mode"): "gateway.mode",
+        ("gateway", "--production-url"): "gateway.production_url",
+        ("otlp", "--host"): "otlp.host",
+        ("otlp", "--port"): "otlp.port",
+    }
+    for (command, flag), (path, action) in options.items():
+        info = setting_field(path)
+        annotation = info.annotation
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) not in (None, typing.Literal) and len(members) == 1:
+            annotation = members[0]  # X | None
+        where = f"{command} {flag} ({path})"
+        if typing.get_origin(annotation) is typing.Literal:
+            assert action.choices == list(typing.get_args(annotation)), where
+        elif annotation in (int, float, Path):
+            assert action.type is annotation, where
+        else:
+            assert annotation is str and action.type is None, where
+        help_text = action.help.replace("%%", "%")
+        env = "TRAJSTREAM_" + path.upper().replace(".", "__")
+        assert f"{path} [{env}]" in help_text, where
+        assert info.description is None or info.description in help_text, where
+        assert action.default is None, where  # the settings decide unless given
+
+
+def test_a_setting_option_wins_over_the_environment_for_its_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streams.cli import build_parser, main
+    from streams.cli_support import setting_overrides
+    from streams.settings import load_settings
+
+    monkeypatch.setenv("TRAJSTREAM_GATEWAY__MODE", "shadow")
+    monkeypatch.setenv("TRAJSTREAM_GATEWAY__PORT", "9000")
+    args = build_parser().parse_args(["gateway", "--port", "8123", "--host", "0.0.0.0"])
+    assert setting_overrides(args) == {"gateway": {"port": 8123, "host": "0.0.0.0"}}
+    settings = load_settings(None, **setting_overrides(args))
+    assert (settings.gateway.port, settings.gateway.host, settings.gateway.mode) == (
+        8123,
+        "0.0.0.0",
+        "shadow",
+    )
+    assert setting_overrides(build_parser().parse_args(["otlp"])) == {}
+    assert setting_overrides(build_parser().parse_args(["worker"])) == {}
+    # validated as the setting: a usage error naming it, before the command runs
+    assert main(["otlp", "--port", "70000"]) == 2
+    assert "bad setting otlp.port [TRAJSTREAM_OTLP__PORT]" in capsys.readouterr().err
+
+
+def test_setting_option_refuses_what_it_cannot_type() -> None:
+    import argparse
+
+    from streams.cli_support import setting_option
+
+    with pytest.raises(TypeError, match=r"gateway\.api_keys"):
+        setting_option(argparse.ArgumentParser(), "gateway.api_keys")
+    with pytest.raises(KeyError):
+        setting_option(argparse.ArgumentParser(), "gateway.no_such_setting")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -407,6 +408,32 @@ def test_a_final_commit_is_not_a_second_commit_in_one_interval() -> None:
     assert due_commit(state, at(303), CFG, final=True) is None
     final = due_commit(state, at(601), CFG, final=True)
     assert final is not None and final.count == 1 and final.final
+
+
+def test_without_handover_a_final_commit_commits_what_is_left() -> None:
+    """Replay's end: no next owner takes the ledger over, so it commits the batch at once."""
+    cfg = replace(CFG, handover=False)
+    state = with_acks((1, make_ack(event=1)), cfg=cfg)
+    plan = due_commit(state, at(301), cfg)
+    assert plan is not None
+    commit_done(state, plan, "{}")
+    apply_ack(state, make_ack(event=302, tid="late-one"), at(302), cfg)
+    final = due_commit(state, at(303), cfg, final=True)
+    assert final is not None and final.count == 1 and final.final
+
+
+def test_a_full_batch_commits_before_its_interval_ends() -> None:
+    cfg = replace(CFG, max_batch=2)
+    state = with_acks((1, make_ack(tid="a")), cfg=cfg)
+    assert due_commit(state, at(2), cfg) is None  # one of two, the interval still running
+    apply_ack(state, make_ack(tid="b"), at(3), cfg)
+    plan = due_commit(state, at(3), cfg)
+    assert plan is not None and plan.count == 2 and not plan.final
+    commit_done(state, plan, "{}")
+    assert due_commit(state, at(4), cfg) is None  # never an empty commit
+    apply_ack(state, make_ack(tid="c"), at(301), cfg)
+    plan = due_commit(state, at(602), cfg)  # the interval ended: due with one
+    assert plan is not None and plan.count == 1
 
 
 def test_a_batch_that_was_not_sent_is_recorded_and_reset() -> None:

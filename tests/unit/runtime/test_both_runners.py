@@ -1,8 +1,9 @@
 """One table of cases through both runners: the live worker's handlers (Faust's tables swapped
 for in-memory stores, its topics for lists, the wall clock for a fake one) and replay's runner.
 Both must give the same decisions, trajectories, rewards, feedback requests (and the
-acknowledgements for the ledger), judge requests and rejects with
-the same reasons: they run one core, and only the clock's source differs."""
+acknowledgements for the ledger), judge requests, commits (the live ledger agent's and a
+backfill's, from the same acknowledgements at the same times) and rejects with the same
+reasons: they run one core, and only the clock's source differs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 import streams.runtime.live as live
 from streams.codec import SchemaRegistry
-from streams.core.backfill import plan_feedback
+from streams.core.backfill import Backfill, backfill_config, plan_feedback
 from streams.core.feedback import FeedbackRequest, deliver
 from streams.core.store import MemoryStore
 from streams.devtools.standin import judge_score
@@ -28,12 +29,14 @@ from streams.models import (
     DeadLetter,
     FeedbackAck,
     JudgeRequest,
+    LedgerState,
     RewardedTrajectory,
     SelectionDecision,
     StepKind,
     Tick,
     Trajectory,
 )
+from streams.runtime.config import ledger_config_of
 from streams.runtime.live import Pipeline
 from streams.runtime.replay import END_OF_TIME, ReplayRunner, SourceRecord
 from streams.settings import Settings, load_settings
@@ -155,6 +158,7 @@ class Result:
     """(trajectory, attempts, requests) of each FeedbackAck for the ledger."""
     judge_requests: list[JudgeRequest]
     """Without requested_at: the live stage dates them by its clock, replay by record time."""
+    ack_records: list[FeedbackAck]
 
 
 class Sink:
@@ -283,6 +287,7 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         sorted((d.stage, d.reason) for d in letters),
         [(a.rewarded.trajectory_id, a.attempts, a.feedbacks) for a in decoded("ledger")],
         [_undated(r) for r in decoded("judge_requests")],
+        decoded("ledger"),
     )
 
 
@@ -338,6 +343,7 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
         sorted((r.stage, r.reason) for r in runner.rejects),
         [(a.rewarded.trajectory_id, a.attempts, a.feedbacks) for a in acks],
         [_undated(r) for r in judge_requested],
+        acks,
     )
 
 
@@ -354,6 +360,80 @@ def test_both_runners_decide_alike(case: str, monkeypatch: pytest.MonkeyPatch) -
     assert mine.acks == theirs.acks
     assert mine.judge_requests == theirs.judge_requests
     assert mine.decisions  # every case closes something
+    acks = [CODEC.encode(a) for a in theirs.ack_records]
+    assert live_commits(settings, acks, monkeypatch) == backfill_commits(settings, acks)
+
+
+# the acknowledgements reach the ledger this many seconds apart (the default interval is 300 s),
+# and the end comes in an interval of its own: both runners commit what is left there
+ACK_EVERY_S, END_AFTER_S = 310.0, 400.0
+
+
+def ledger_trinity() -> ScriptedTrinity:
+    return ScriptedTrinity([m(i, 5 * (i + 1)) for i in range(40)])
+
+
+def live_commits(
+    settings: Settings, acks: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> list[CommitRecord]:
+    """The live ledger agent's commits: each acknowledgement a batch of ``<p>.ledger`` at its
+    time, then a final tick (a graceful stop)."""
+    trinity = ledger_trinity()
+    p = Pipeline(settings, bootstrap="127.0.0.1:9", trinity=lambda: trinity)  # type: ignore[arg-type,return-value]
+    p.ledger_stage.store = MemoryStore()
+    sent: list[tuple[str, bytes | None, bytes]] = []
+    for name in ("windows", "alerts", "commits", "dead", "comparisons", "routing"):
+        setattr(p, f"t_{name}", Sink(name, sent))
+
+    class Producer:
+        async def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(type(p.app), "producer", Producer(), raising=False)
+    clock = {"now": at(0)}
+    monkeypatch.setattr(live, "utcnow", lambda: clock["now"])
+
+    async def main() -> None:
+        for i, value in enumerate(acks):
+            clock["now"] = at(i * ACK_EVERY_S)
+            await p._ledger([Event(p.topics.ledger, i, b"k", value)])
+        clock["now"] = at(len(acks) * ACK_EVERY_S + END_AFTER_S)
+        final = CODEC.encode(Tick(at=clock["now"], final=True))
+        await p._ledger([Event(p.topics.ledger, len(acks), None, final)])
+
+    asyncio.run(main())
+    return [CODEC.decode(v) for n, _, v in sent if n == "commits"]
+
+
+def backfill_commits(settings: Settings, acks: list[bytes]) -> list[CommitRecord]:
+    """A backfill's commits (what ``trajstream replay --to trinity`` records on
+    ``<p>.replayed``) of the same acknowledgements at the same times, then the end."""
+    clock = {"now": at(0)}
+
+    class Port:
+        trinity = ledger_trinity()
+
+        async def write_ahead(self, state: LedgerState) -> None:
+            pass
+
+        async def recorded(self, record: CommitRecord, state: LedgerState) -> None:
+            pass
+
+    cfg = backfill_config(ledger_config_of(settings), None, settings.commit.interval_s)
+    backfill = Backfill(
+        cfg, Port(), codec=CODEC, state=None, topic="p.replayed", clock=lambda: clock["now"]
+    )
+
+    async def main() -> None:
+        await backfill.resume()
+        for i, value in enumerate(acks):
+            clock["now"] = at(i * ACK_EVERY_S)
+            await backfill.acked(value)
+        clock["now"] = at(len(acks) * ACK_EVERY_S + END_AFTER_S)
+        await backfill.close()
+
+    asyncio.run(main())
+    return backfill.records
 
 
 def test_the_cases_cover_what_matters() -> None:
@@ -367,6 +447,14 @@ def test_the_cases_cover_what_matters() -> None:
     assert any(len(r.feedback) > len(r.rewards) for r in results)  # per-step requests
     assert any(r.judge_requests for r in results)
     assert any(requests > 1 for r in results for _, _, requests in r.acks)
+    # between them the cases commit when an interval ends (more than one feedback) and at the end
+    commits = [
+        r
+        for (o, _, _), result in zip(CASES.values(), results, strict=True)
+        for r in backfill_commits(settings_for(o), [CODEC.encode(a) for a in result.ack_records])
+    ]
+    assert any(r.final for r in commits)
+    assert any(not r.final and r.feedback_count > 1 and r.sent for r in commits)
 
 
 def test_the_live_ledger_records_experiences_on_its_first_commit(

@@ -7,6 +7,7 @@ the same pure functions the live assemble stage calls (streams.core.assembly), e
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -17,16 +18,20 @@ import pytest
 
 from streams.codec import SchemaRegistry
 from streams.core.assembly import Limits, add_event, close, new_pending
+from streams.core.backfill import Backfill, backfill_config
+from streams.core.ledger import CommitPlan, LedgerConfig
 from streams.core.rewards import Rewarder, build_rewarder, success, user_rating
 from streams.core.select import SamplingRate, build_strategy
-from streams.errors import ConfigError
+from streams.errors import ConfigError, ReplayError, TrinityUnavailable
 from streams.export.redact import Redactor
 from streams.models import (
     AgentCall,
     CallStatus,
     ChatMessage,
+    CommitRecord,
     Completion,
     FeedbackKind,
+    LedgerState,
     RewardedTrajectory,
     StepKind,
     Tick,
@@ -34,7 +39,6 @@ from streams.models import (
     UserFeedback,
 )
 from streams.runtime.replay import (
-    CommitPacer,
     Distribution,
     Outcome,
     ReplayCore,
@@ -47,7 +51,8 @@ from streams.runtime.replay import (
     plan_feedback,
     replay_id,
 )
-from tests.unit.factories import T0, at, end, feedback, mark, rewarded, start, step
+from tests.unit.core.harness import ScriptedTrinity, m
+from tests.unit.factories import T0, ack, at, end, feedback, mark, rewarded, start, step
 
 CODEC = SchemaRegistry.default()
 ALL = SamplingRate(1.0)
@@ -424,31 +429,123 @@ def test_plan_feedback_skips_what_was_acknowledged_and_what_has_no_msg_ids() -> 
     assert plan_feedback(rs[3:], set()).send[0].task_id == "ticket:bob@example.com"
 
 
-def test_commits_every_n_acknowledged_and_never_empty() -> None:
-    pacer = CommitPacer(every=3, interval=None)
-    due = []
-    for i in range(7):
-        if pacer.acked(float(i)):
-            due.append(i)
-            pacer.committed(float(i))
-    assert due == [2, 5]
-    assert pacer.final()  # one left over: committed at the end
-    pacer.committed(7.0)
-    assert not pacer.final()
+class BackfillPort:
+    """Trinity from a script, and ``<p>.replayed`` as a list of what was written."""
+
+    def __init__(self, trinity: ScriptedTrinity) -> None:
+        self.trinity = trinity
+        self.written: list[tuple[str, Any]] = []
+
+    async def write_ahead(self, state: LedgerState) -> None:
+        self.written.append(("ledger", state.model_copy(deep=True)))
+
+    async def recorded(self, record: CommitRecord, state: LedgerState) -> None:
+        self.written += [("commit", record), ("ledger", state.model_copy(deep=True))]
 
 
-def test_commits_every_interval() -> None:
-    pacer = CommitPacer(every=None, interval=10.0, now=0.0)
-    assert not pacer.acked(5.0)
-    assert pacer.acked(10.0)
-    pacer.committed(10.0)
-    assert not pacer.final()
+def backfill(
+    every: int | None,
+    interval_s: float = 300,
+    *,
+    state: LedgerState | None = None,
+    metrics: list[Any] | None = None,
+) -> tuple[Backfill, BackfillPort, dict[str, datetime]]:
+    clock = {"now": T0}
+    port = BackfillPort(ScriptedTrinity(metrics or [m(i, 10 * (i + 1)) for i in range(40)]))
+    cfg = backfill_config(LedgerConfig(), every, interval_s)
+    b = Backfill(
+        cfg, port, codec=CODEC, state=state, topic="p.replayed", clock=lambda: clock["now"]
+    )
+    return b, port, clock
 
 
-@pytest.mark.parametrize(("every", "interval"), [(0, None), (None, 0.0), (None, -1.0)])
-def test_commit_pacing_is_validated(every: int | None, interval: float | None) -> None:
+def test_a_backfill_commits_every_n_acknowledged_and_what_is_left_at_the_end() -> None:
+    b, port, _ = backfill(every=3)
+
+    async def run() -> None:
+        await b.resume()
+        for i in range(7):
+            await b.acked(CODEC.encode(ack(f"t{i}", reward=i / 10)))
+        await b.close()
+
+    asyncio.run(run())
+    assert [r.feedback_count for r in b.records] == [3, 3, 1]
+    assert all(r.sent for r in b.records) and [r.commit_seq for r in b.records] == [0, 1, 2]
+    # the rewards of each commit from the ledger's own statistics
+    assert [r.reward_mean for r in b.records] == pytest.approx([0.1, 0.4, 0.6])
+    assert [r.reward_max for r in b.records] == pytest.approx([0.2, 0.5, 0.6])
+    # each commit written ahead, then recorded, then the state after it
+    assert [w for w, _ in port.written] == ["ledger", "commit", "ledger"] * 3
+    assert port.written[0][1].pending_commit is not None
+    assert port.written[-1][1].pending_commit is None and port.written[-1][1].batch_count == 0
+    assert b.state.applied_offset == 6
+
+
+def test_a_backfill_commits_when_its_interval_ends_and_never_empty() -> None:
+    b, _, clock = backfill(every=None, interval_s=10)
+
+    async def run() -> None:
+        await b.resume()
+        await b.acked(CODEC.encode(ack("a")))
+        clock["now"] = T0 + timedelta(seconds=9.9)
+        await b.acked(CODEC.encode(ack("b")))
+        assert not b.records  # the interval the batch started in has not ended
+        clock["now"] = T0 + timedelta(seconds=10)
+        await b.acked(CODEC.encode(ack("c")))
+        await b.close()
+        await b.close()  # nothing left: no empty commit
+
+    asyncio.run(run())
+    assert [r.feedback_count for r in b.records] == [3]
+
+
+def test_a_backfill_resumes_an_interrupted_run() -> None:
+    # acknowledged after the last commit, not committed: carried by the next commit
+    b, _, _ = backfill(every=10)
+    uncommitted = [CODEC.encode(ack("x", reward=1.0)), CODEC.encode(ack("y", reward=0.0))]
+
+    async def resume_then_close(b: Backfill) -> None:
+        await b.resume(uncommitted)
+        await b.close()
+
+    asyncio.run(resume_then_close(b))
+    assert [(r.feedback_count, r.reward_mean) for r in b.records] == [(2, 0.5)]
+    # stopped after writing a commit of the same two ahead: resolved from the explore step
+    # (advanced: recorded, not sent again), and the two are not counted again
+    written = b.state.model_copy(deep=True)
+    plan = CommitPlan(
+        seq=written.next_seq,
+        interval_start=T0,
+        interval_end=T0,
+        count=2,
+        reward_sum=1.0,
+        reward_min=0.0,
+        reward_max=1.0,
+        step_before=4,
+    )
+    crashed = written.model_copy(update={"pending_commit": plan, "batch_count": 2})
+    b, _, _ = backfill(every=10, state=crashed, metrics=[m(5, 30)])
+    asyncio.run(resume_then_close(b))
+    [record] = b.records
+    assert "recovered" in record.trinity_response and record.commit_seq == plan.seq
+    assert b.port.trinity.calls == ["metrics"]  # type: ignore[attr-defined]
+
+
+def test_a_backfill_that_trinity_fails_stops_with_a_replay_error() -> None:
+    b, _, _ = backfill(every=1, metrics=[TrinityUnavailable("503")])
+
+    async def run() -> None:
+        await b.resume()
+        await b.acked(CODEC.encode(ack("a")))
+
+    with pytest.raises(ReplayError, match="re-run the replay"):
+        asyncio.run(run())
+
+
+@pytest.mark.parametrize(("every", "interval"), [(0, 300.0), (None, 0.0), (None, -1.0)])
+def test_commit_pacing_is_validated(every: int | None, interval: float) -> None:
     with pytest.raises(ConfigError):
-        CommitPacer(every, interval)
+        backfill_config(LedgerConfig(), every, interval)
 
 
 # -- exports from outcomes ---------------------------------------------------------------------
