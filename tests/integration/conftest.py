@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import suppress
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,17 @@ def prefix() -> str:
 @pytest.fixture
 async def standin() -> AsyncIterator[StandIn]:
     server = StandIn()
+    await server.start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def production() -> AsyncIterator[StandIn]:
+    """A second stand-in as the gateway's production upstream (its own model name)."""
+    server = StandIn(model="production-model")
     await server.start("127.0.0.1", 0)
     try:
         yield server
@@ -255,3 +266,18 @@ async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> 
 
 with suppress(ImportError):  # keep pytest's assertion rewriting for the helpers above
     pytest.register_assert_rewrite("tests.integration.conftest")
+
+
+@asynccontextmanager
+async def gateway_process(env: dict[str, str], log: Path) -> AsyncIterator[Any]:
+    """``trajstream gateway`` as a process on a free port with ``env``, answering ``/healthz``;
+    stopped on the way out (SIGTERM, then SIGKILL), also when the test fails. A test may kill
+    it itself (``os.killpg(gw.proc.pid, signal.SIGKILL)``): the stop is then a no-op."""
+    from .cluster_chaos import GatewayProcess
+
+    gw = GatewayProcess(env, log).start()
+    try:
+        await gw.ready()
+        yield gw
+    finally:
+        gw.stop()

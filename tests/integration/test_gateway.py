@@ -20,7 +20,6 @@ from streams.capture.gateway import Gateway, build_gateway
 from streams.models import AgentCall, CallPhase, Completion, StepKind, ToolCall, UserFeedback
 from streams.select import sample_point
 from streams.settings import load_settings
-from streams.standin import StandIn
 
 from .chaos import read_all
 from .conftest import read_topic, wait_for
@@ -37,16 +36,6 @@ TOOLS = [
         },
     }
 ]
-
-
-@pytest.fixture
-async def production() -> AsyncIterator[StandIn]:
-    server = StandIn(model="production-model")
-    await server.start("127.0.0.1", 0)
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 @contextlib.asynccontextmanager

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,6 @@ import openai
 import pytest
 
 from streams.models import AgentCall, CallPhase, Completion, SelectionDecision
-from streams.standin import StandIn
 
 from .conftest import read_topic, wait_for
 from .test_gateway import call_events, complete, running_gateway
@@ -25,16 +23,6 @@ pytestmark = pytest.mark.integration
 
 TTL_S = 2
 MARK = {"X-Trajstream-Mark": '{"labels": ["gold"]}'}
-
-
-@pytest.fixture
-async def production() -> AsyncIterator[StandIn]:
-    server = StandIn(model="production-model")
-    await server.start("127.0.0.1", 0)
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 async def turns(

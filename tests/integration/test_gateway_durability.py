@@ -11,10 +11,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -22,22 +20,11 @@ import pytest
 
 from streams.devtools.broker import free_port
 from streams.models import AgentCall, CallPhase, Completion
-from streams.standin import StandIn
 
 from .cluster_chaos import GatewayProcess
-from .conftest import base_env, read_topic, wait_for
+from .conftest import base_env, gateway_process, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def production() -> AsyncIterator[StandIn]:
-    server = StandIn(model="production-model")
-    await server.start("127.0.0.1", 0)
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 def gateway_env(
@@ -85,10 +72,8 @@ async def test_acked_a_sigkill_loses_nothing_that_was_answered(
         production.url,
         TRAJSTREAM_GATEWAY__DURABILITY="acked",
     )
-    gw = GatewayProcess(env, tmp_path / "gateway.log").start()
     answered: dict[str, str] = {}
-    try:
-        await gw.ready()
+    async with gateway_process(env, tmp_path / "gateway.log") as gw:
         stop = asyncio.Event()
 
         async def agent(n: int) -> None:
@@ -107,9 +92,6 @@ async def test_acked_a_sigkill_loses_nothing_that_was_answered(
         kill(gw)  # in the middle of traffic
         stop.set()
         await asyncio.gather(*agents)
-    finally:
-        with contextlib.suppress(Exception):
-            kill(gw)
     records = await read_topic(
         kafka_bootstrap,
         f"{prefix}.agent-events",
@@ -135,16 +117,15 @@ async def test_buffered_starts_without_kafka_spills_and_a_sigkill_loses_only_mem
         TRAJSTREAM_GATEWAY__BUFFER_RECORDS="4",
     )
     log = tmp_path / "gateway.log"
-    gw = GatewayProcess(env, log).start()
     calls = [f"buf-{i}" for i in range(10)]
-    try:
-        await gw.ready()  # it starts, though no broker answers
-        async with httpx.AsyncClient(timeout=10) as http:
-            answered = {c: await one_step(http, gw.url, c) for c in calls}  # START + step each
-            health = (await http.get(f"{gw.url}/healthz")).json()
-            metrics = (await http.get(f"{gw.url}/metrics")).text
-    finally:
-        kill(gw)
+    async with gateway_process(env, log) as gw:  # it starts, though no broker answers
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                answered = {c: await one_step(http, gw.url, c) for c in calls}  # START + step
+                health = (await http.get(f"{gw.url}/healthz")).json()
+                metrics = (await http.get(f"{gw.url}/metrics")).text
+        finally:
+            kill(gw)  # what is in memory dies with it
     assert health["status"] == "degraded"
     assert health["publisher"]["kafka_connected"] is False
     assert health["publisher"]["unreachable_s"] is not None
@@ -158,9 +139,7 @@ async def test_buffered_starts_without_kafka_spills_and_a_sigkill_loses_only_mem
 
     # the next start (the cluster back) publishes the spill; memory died with the process
     env["TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS"] = kafka_bootstrap
-    again = GatewayProcess(env, tmp_path / "gateway-2.log").start()
-    try:
-        await again.ready()
+    async with gateway_process(env, tmp_path / "gateway-2.log") as again:
         async with httpx.AsyncClient() as http:
 
             async def drained() -> bool:
@@ -172,8 +151,6 @@ async def test_buffered_starts_without_kafka_spills_and_a_sigkill_loses_only_mem
                     break
                 await asyncio.sleep(0.3)
             assert await drained()
-    finally:
-        again.stop()
     records = await read_topic(
         kafka_bootstrap,
         f"{prefix}.agent-events",

@@ -4,7 +4,6 @@ upstreams, routed by the gateway's decision, recorded on a real broker as the ga
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -13,22 +12,11 @@ import pytest
 from streams.capture.openai_wrapper import TrajstreamCapture
 from streams.models import AgentCall, CallPhase, Completion, StepKind
 from streams.select import sample_point
-from streams.standin import StandIn
 
 from .conftest import read_topic
 from .test_gateway import TOOLS, complete
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def production() -> AsyncIterator[StandIn]:
-    server = StandIn(model="production-model")
-    await server.start("127.0.0.1", 0)
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 def ids(rate: float) -> tuple[str, str]:

@@ -18,7 +18,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -58,16 +57,6 @@ WORKER = {
     "BROKER_SESSION_TIMEOUT": 10,  # a killed worker's partitions move on in seconds
     **{f"TRAJSTREAM_GATEWAY__ROLLOUT__{k.upper()}": str(v).lower() for k, v in ROLLOUT.items()},
 }
-
-
-@pytest.fixture
-async def production() -> AsyncIterator[StandIn]:
-    server = StandIn(model="production-model")
-    await server.start("127.0.0.1", 0)
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 class Traffic:

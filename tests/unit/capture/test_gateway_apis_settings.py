@@ -39,9 +39,9 @@ def test_the_anthropic_key_is_a_secret_and_the_url_is_checked(monkeypatch, tmp_p
 
 def apis_production(apis):
     """Where the Messages route sends a request production answers, and with what headers."""
-    from streams.capture.gateway_apis import _Messages
+    from streams.capture.gateway.api_shapes import Messages
 
-    return _Messages(apis, None).production({})  # type: ignore[arg-type]
+    return Messages(apis, None).production({})  # type: ignore[arg-type]
 
 
 def test_the_gateway_mounts_both_apis_with_and_without_a_call_id(tmp_path) -> None:

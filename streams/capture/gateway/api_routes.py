@@ -7,10 +7,12 @@
 ``/calls/{call_id}/v1/messages``           POST  one step of the call ``call_id``
 =========================================  ====  =============================================
 
-Both work as ``/v1/chat/completions`` does (:mod:`.gateway`): the same headers, the same call
-decision (:meth:`.gateway.Gateway._route`), the same records (START, TOOL steps for the tool
-results a request reports, the LLM step, END for a call of one step), streamed (the API's own
-server-sent events) or not. The translations are the pure functions of :mod:`.apis`.
+Both work as ``/v1/chat/completions`` does (:mod:`.chat_routes`): the same headers, the same
+call decision (:meth:`.state.GatewayState._route`), the same records (START, TOOL steps for the
+tool results a request reports, the LLM step, END for a call of one step), streamed (the API's
+own server-sent events) or not, the same upstream send and ``gateway.durability``. The
+translations are the pure functions of :mod:`..apis`; what differs between the two APIs is in
+:mod:`.api_shapes`.
 
 Which upstream answers:
 
@@ -37,7 +39,8 @@ new call of one step.
 Errors are in the client's API's shape (OpenAI's ``{"error": {...}}``, Anthropic's
 ``{"type": "error", "error": {...}}``); a request that is not valid is recorded nowhere.
 
-May import: what :mod:`.gateway` imports, and :mod:`.apis`.
+May import: what :mod:`.chat_routes` imports, :mod:`.chat_routes`, :mod:`.api_shapes`,
+:mod:`..apis`.
 """
 
 from __future__ import annotations
@@ -47,66 +50,33 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any
 
 import aiohttp
 import pydantic
 from aiohttp import web
 
-from ..errors import ApiRefused, ApiRequestError, UpstreamFailed
-from ..models import AgentCall, CallPhase, CallStatus, ChatMessage, Completion, utcnow
-from ..settings import GatewaySettings
-from .apis import (
-    Answer,
-    ChatToMessagesStream,
-    ChatToResponsesStream,
-    ItemStore,
-    MessagesStreamAssembler,
-    ParsedRequest,
-    ResponsesStreamAssembler,
-    answer_of_chat,
-    answer_of_message,
-    answer_of_response,
-    chat_to_message,
-    chat_to_response,
-    llm_step,
-    output_items,
-    previous_not_found,
-    tool_steps,
-)
-from .apis import messages as messages_api
-from .apis import responses as responses_api
-from .apis.responses_json import error_body as responses_error
-from .apis.sse import HoldLast, encode_event
-
-if TYPE_CHECKING:
-    from .gateway import CallState, Gateway
+from ...errors import ApiRefused, UpstreamFailed
+from ...models import AgentCall, CallPhase, CallStatus, Completion, utcnow
+from ...settings import GatewaySettings
+from ..apis import Answer, ItemStore, ParsedRequest, answer_of_chat, llm_step, tool_steps
+from ..apis.sse import HoldLast
+from .api_shapes import Api, Exchange, Messages, Responses, Which
+from .calls import CallState
+from .chat_routes import ChatRoutes
+from .upstream import upstream_failed
 
 __all__ = ["ApiRoutes"]
 
 log = logging.getLogger(__name__)
 
-ANTHROPIC_VERSION = "2023-06-01"
-"""Sent to Anthropic when the client sent no ``anthropic-version`` header."""
-
-Which = Literal["trinity", "production"]
-
-
-class _ChatStream(Protocol):
-    def feed(self, data: bytes) -> bytes: ...
-    def finish(self) -> bytes: ...
-    def fail(self, message: str) -> bytes: ...
-    def completion(self) -> dict[str, Any]: ...
-
 
 class ApiRoutes:
-    """The Responses and Messages routes of one :class:`.gateway.Gateway`."""
+    """The Responses and Messages routes of one :class:`.app.Gateway`."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: ChatRoutes) -> None:
         self.gateway = gateway
         self.config: GatewaySettings = gateway.config
         key = self.config.anthropic_api_key
@@ -125,16 +95,14 @@ class ApiRoutes:
     # -- the two APIs ---------------------------------------------------------------------------
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, _Responses(self, request))
+        return await self._handle(request, Responses(self, request))
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, _Messages(self, request))
+        return await self._handle(request, Messages(self, request))
 
     # -- the flow both share --------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request, api: _Api) -> web.StreamResponse:
-        from .gateway import CallState
-
+    async def _handle(self, request: web.Request, api: Api) -> web.StreamResponse:
         gw = self.gateway
         gw.stats.requests += 1
         path_call = gw._call_id(request)
@@ -192,12 +160,12 @@ class ApiRoutes:
         if route.shadow and parsed.chat is not None and seq not in state.seqs:
             # Trinity answers the translated request meanwhile; its answer joins the step
             state.shadows[seq] = asyncio.ensure_future(gw._shadow(call_id, parsed.chat))
-        exchange = _Exchange(api, call_id, parsed, state, which, headers, path_call)
+        exchange = Exchange(api, call_id, parsed, state, which, headers, path_call)
         if parsed.stream:
             return await self._stream(request, raw, exchange)
         return await self._json(raw, exchange)
 
-    async def _post(self, exchange: _Exchange, raw: bytes) -> aiohttp.ClientResponse:
+    async def _post(self, exchange: Exchange, raw: bytes) -> aiohttp.ClientResponse:
         """Through the gateway's one upstream send: Trinity gets the chat completions
         translation (a streamed one asking for usage), production the client's bytes."""
         gw = self.gateway
@@ -208,7 +176,7 @@ class ApiRoutes:
         url, headers = exchange.api.production(exchange.request_headers)
         return await gw._post("production", url, headers, raw)
 
-    def _not_durable(self, exchange: _Exchange) -> web.Response:
+    def _not_durable(self, exchange: Exchange) -> web.Response:
         """acked mode, the broker silent: 503 in the API's shape (the client retries)."""
         message = self._not_recorded()
         response = web.json_response(exchange.api.error(message, kind="api_error"), status=503)
@@ -221,14 +189,14 @@ class ApiRoutes:
             "(gateway.durability = acked; the broker did not acknowledge); retry the request"
         )
 
-    def _failed(self, exchange: _Exchange, status: int, message: str, kind: str) -> web.Response:
+    def _failed(self, exchange: Exchange, status: int, message: str, kind: str) -> web.Response:
         self.gateway.stats.upstream_errors += 1
         response = web.json_response(exchange.api.error(message, kind=kind), status=status)
         response.headers.update(exchange.headers)
         return response
 
     async def _refused_by_upstream(
-        self, exchange: _Exchange, upstream: aiohttp.ClientResponse
+        self, exchange: Exchange, upstream: aiohttp.ClientResponse
     ) -> web.Response:
         """An upstream's non-200 answer: production's as it came, Trinity's in the API's shape."""
         try:
@@ -248,9 +216,7 @@ class ApiRoutes:
         response.headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
         return response
 
-    async def _json(self, raw: bytes, exchange: _Exchange) -> web.StreamResponse:
-        from .gateway import upstream_failed
-
+    async def _json(self, raw: bytes, exchange: Exchange) -> web.StreamResponse:
         began = time.perf_counter()
         try:
             upstream = await self._post(exchange, raw)
@@ -293,7 +259,7 @@ class ApiRoutes:
         return response
 
     async def _stream(
-        self, request: web.Request, raw: bytes, exchange: _Exchange
+        self, request: web.Request, raw: bytes, exchange: Exchange
     ) -> web.StreamResponse:
         began = time.perf_counter()
         try:
@@ -356,7 +322,9 @@ class ApiRoutes:
                 await response.write_eof()
         return response
 
-    def _record(self, exchange: _Exchange, answer: Answer, latency_ms: float) -> Awaitable[Any]:
+    def _record(
+        self, exchange: Exchange, answer: Answer, latency_ms: float
+    ) -> Awaitable[Any] | None:
         """Record the step; returns what is done once it is on the broker."""
         return self._publish_step(
             exchange.call_id,
@@ -380,7 +348,7 @@ class ApiRoutes:
         latency_ms: float,
         one_step: bool,
         provider: str | None = None,
-    ) -> Awaitable[Any]:
+    ) -> Awaitable[Any] | None:
         gw = self.gateway
         now = utcnow()
         step = llm_step(
@@ -402,7 +370,7 @@ class ApiRoutes:
         task = gw._spawn(self._join_shadow(step, shadow, one_step))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
-        return gw._after(task)
+        return gw._after(task) if gw.acked else None  # nobody waits when buffered
 
     async def _join_shadow(
         self,
@@ -447,205 +415,3 @@ class ApiRoutes:
         return position
 
 
-@dataclass
-class _Exchange:
-    """One request on its way: what every step of :class:`ApiRoutes` needs of it."""
-
-    api: _Api
-    call_id: str
-    parsed: ParsedRequest
-    state: CallState
-    which: Which
-    headers: dict[str, str]
-    path_call: str | None
-
-    @property
-    def request_headers(self) -> Any:
-        return self.api.request.headers
-
-
-class _Api:
-    """What differs between the two APIs."""
-
-    provider = ""
-    no_production = ""
-
-    def __init__(self, routes: ApiRoutes, request: web.Request) -> None:
-        self.routes = routes
-        self.request = request
-
-    def error(self, message: str, *, kind: str = "invalid_request_error") -> dict[str, Any]:
-        raise NotImplementedError
-
-    def parse(self, body: Any, path_call: str | None) -> tuple[str, ParsedRequest]:
-        raise NotImplementedError
-
-    def has_production(self) -> bool:
-        raise NotImplementedError
-
-    def production(self, headers: Any) -> tuple[str, dict[str, str]]:
-        raise NotImplementedError
-
-    def answer(self, told: dict[str, Any]) -> Answer:
-        raise NotImplementedError
-
-    def from_chat(self, completion: dict[str, Any], parsed: ParsedRequest) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def chat_stream(self, parsed: ParsedRequest) -> _ChatStream:
-        raise NotImplementedError
-
-    def told_stream(self, stream: _ChatStream) -> dict[str, Any] | None:
-        return None
-
-    def assembler(self) -> Any:
-        raise NotImplementedError
-
-    def assembled(self, assembler: Any) -> dict[str, Any] | None:
-        raise NotImplementedError
-
-    def remember(self, exchange: _Exchange, told: dict[str, Any]) -> None:
-        return None
-
-    def stream_error(self, message: str) -> bytes:
-        """An ``error`` event of the API's stream, sent in place of the terminal event."""
-        raise NotImplementedError
-
-
-class _Responses(_Api):
-    provider = "openai"
-    no_production = "gateway.production_url is not set"
-
-    def error(self, message: str, *, kind: str = "invalid_request_error") -> dict[str, Any]:
-        return responses_error(message, kind=kind)
-
-    def parse(self, body: Any, path_call: str | None) -> tuple[str, ParsedRequest]:
-        items = self.routes.items
-        previous = body.get("previous_response_id") if isinstance(body, dict) else None
-        if previous is not None and not isinstance(previous, str):
-            raise ApiRefused(
-                400,
-                responses_error(
-                    "previous_response_id must be a string", param="previous_response_id"
-                ),
-            )
-        owner = path_call or (items.call_of(previous) if previous else None)
-        history = items.history(owner, previous) if owner else ([] if not previous else None)
-        if history is None:
-            assert previous is not None
-            raise ApiRefused(400, previous_not_found(previous))
-        try:
-            parsed = responses_api.parse_request(body, history)
-        except ApiRequestError as exc:
-            raise ApiRefused(400, responses_error(str(exc), param=exc.param)) from None
-        inherited = self.routes.instructions.get(previous) if previous else None
-        if inherited and not body.get("instructions"):
-            # instructions do not carry over to a request that continues a response, but the
-            # records keep them: the conversation, and the seqs in it, stay one
-            parsed.messages.insert(0, ChatMessage(role="system", content=inherited))
-        return path_call or f"gw-{uuid.uuid4().hex}", parsed
-
-    def has_production(self) -> bool:
-        return bool(self.routes.gateway.production_url)
-
-    def production(self, headers: Any) -> tuple[str, dict[str, str]]:
-        gateway = self.routes.gateway
-        out = {"Content-Type": "application/json"}
-        if gateway._production_key:
-            out["Authorization"] = f"Bearer {gateway._production_key}"
-        return f"{gateway.production_url}/responses", out
-
-    def answer(self, told: dict[str, Any]) -> Answer:
-        return answer_of_response(told)
-
-    def stream_error(self, message: str) -> bytes:
-        error = {"type": "error", "code": "recording_unavailable", "message": message}
-        return encode_event({**error, "param": None})
-
-    def from_chat(self, completion: dict[str, Any], parsed: ParsedRequest) -> dict[str, Any]:
-        return chat_to_response(completion, parsed)
-
-    def chat_stream(self, parsed: ParsedRequest) -> _ChatStream:
-        return ChatToResponsesStream(parsed)
-
-    def told_stream(self, stream: _ChatStream) -> dict[str, Any] | None:
-        assert isinstance(stream, ChatToResponsesStream)
-        return stream.response()
-
-    def assembler(self) -> ResponsesStreamAssembler:
-        return ResponsesStreamAssembler()
-
-    def assembled(self, assembler: Any) -> dict[str, Any] | None:
-        assert isinstance(assembler, ResponsesStreamAssembler)
-        return assembler.response() if assembler.done else None
-
-    def remember(self, exchange: _Exchange, told: dict[str, Any]) -> None:
-        response_id = told.get("id")
-        if isinstance(response_id, str) and response_id:
-            self.routes.items.remember(
-                exchange.call_id, response_id, exchange.parsed.items + output_items(told)
-            )
-            kept = self.routes.instructions
-            body = exchange.parsed.body
-            own, previous = body.get("instructions"), body.get("previous_response_id")
-            if isinstance(own, str) and own:
-                kept[response_id] = own
-            elif isinstance(previous, str) and previous in kept:
-                kept[response_id] = kept[previous]
-            while len(kept) > 8 * self.routes.config.responses_calls:
-                kept.popitem(last=False)
-
-
-class _Messages(_Api):
-    provider = "anthropic"
-    no_production = (
-        "gateway.anthropic_url [TRAJSTREAM_GATEWAY__ANTHROPIC_URL] is not set: this request is "
-        "not routed to Trinity and there is no Anthropic upstream"
-    )
-
-    def error(self, message: str, *, kind: str = "invalid_request_error") -> dict[str, Any]:
-        return messages_api.error_body(message, kind)
-
-    def parse(self, body: Any, path_call: str | None) -> tuple[str, ParsedRequest]:
-        try:
-            parsed = messages_api.parse_request(body)
-        except ApiRequestError as exc:
-            raise ApiRefused(400, messages_api.error_body(str(exc))) from None
-        return path_call or f"gw-{uuid.uuid4().hex}", parsed
-
-    def has_production(self) -> bool:
-        return bool(self.routes.config.anthropic_url)
-
-    def production(self, headers: Any) -> tuple[str, dict[str, str]]:
-        config = self.routes.config
-        out = {
-            "Content-Type": "application/json",
-            "anthropic-version": headers.get("anthropic-version") or ANTHROPIC_VERSION,
-        }
-        if headers.get("anthropic-beta"):
-            out["anthropic-beta"] = headers["anthropic-beta"]
-        if self.routes._anthropic_key:
-            out["x-api-key"] = self.routes._anthropic_key
-        return f"{config.anthropic_url}/v1/messages", out
-
-    def answer(self, told: dict[str, Any]) -> Answer:
-        return answer_of_message(told)
-
-    def stream_error(self, message: str) -> bytes:
-        return encode_event(messages_api.error_body(message, "api_error"))
-
-    def from_chat(self, completion: dict[str, Any], parsed: ParsedRequest) -> dict[str, Any]:
-        return chat_to_message(completion, parsed)
-
-    def chat_stream(self, parsed: ParsedRequest) -> _ChatStream:
-        return ChatToMessagesStream(parsed)
-
-    def told_stream(self, stream: _ChatStream) -> dict[str, Any] | None:
-        return {}  # nothing to remember: the Messages API keeps no server-side state
-
-    def assembler(self) -> MessagesStreamAssembler:
-        return MessagesStreamAssembler()
-
-    def assembled(self, assembler: Any) -> dict[str, Any] | None:
-        assert isinstance(assembler, MessagesStreamAssembler)
-        return assembler.message() if assembler.done else None

@@ -1,0 +1,106 @@
+"""What one process remembers of the calls it serves (step seqs, shadow answers on their way;
+the decision itself needs none), its counters, and the records made once.
+
+May import: the models, :mod:`..routing`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...models import AgentCall, CallPhase, CallStatus, Completion
+from ..routing import Route
+
+# -- per-process memory of calls (step counts; the decision itself needs none) ---------------
+
+@dataclass(slots=True)
+
+
+class CallState:
+    route: Route  # shared between calls decided alike (see Gateway._route)
+    seqs: set[int] = field(default_factory=set)
+    pending: set[asyncio.Task[Any]] = field(default_factory=set)
+    shadows: dict[int, asyncio.Future[tuple[dict[str, Any], float] | None]] = field(
+        default_factory=dict
+    )
+    """shadow mode: Trinity's answer on its way, by the seq of the step it joins"""
+
+
+class CallTable:
+    """The calls this process has seen, least recently used dropped past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._calls: OrderedDict[str, CallState] = OrderedDict()
+
+    def get(self, call_id: str) -> CallState | None:
+        state = self._calls.get(call_id)
+        if state is not None:
+            self._calls.move_to_end(call_id)
+        return state
+
+    def add(self, call_id: str, state: CallState) -> CallState:
+        self._calls[call_id] = state
+        while len(self._calls) > self.limit:
+            self._calls.popitem(last=False)
+        return state
+
+    def pop(self, call_id: str) -> CallState | None:
+        return self._calls.pop(call_id, None)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+
+@dataclass(slots=True)
+class Timing:
+    """A request's time waiting on its upstream (the rest is the gateway's overhead)."""
+
+    upstream_s: float = 0.0
+    stream: bool = False
+
+
+@dataclass
+class GatewayStats:
+    requests: int = 0
+    rejected: int = 0
+    upstream_errors: int = 0
+    answered: dict[str, int] = field(default_factory=lambda: {"trinity": 0, "production": 0})
+    shadow_failures: int = 0
+    unauthorized: int = 0
+    rate_limited: int = 0
+    ack_timeouts: int = 0
+
+
+class Once:
+    """A record built at most once (the step, and the END of a one-step call made from it)."""
+
+    __slots__ = ("_build", "_value")
+
+    def __init__(self, build: Callable[[], Completion]) -> None:
+        self._build: Callable[[], Completion] | None = build
+        self._value: Completion | None = None
+
+    def __call__(self) -> Completion:
+        if self._build is not None:
+            self._value, self._build = self._build(), None
+        assert self._value is not None
+        return self._value
+
+
+def one_step_end(step: Completion) -> AgentCall:
+    """The END of a call of one step (``/v1/chat/completions``), made from its step."""
+    return AgentCall(
+        event_id=f"{step.call_id}/end",
+        call_id=step.call_id,
+        phase=CallPhase.END,
+        event_time=step.event_time,
+        status=CallStatus.OK,
+        output=step.output_messages[0].content if step.output_messages else None,
+        step_count=1,
+    )
+
