@@ -66,9 +66,6 @@ class Emit:
     key: bytes
     record: AvroModel
     partition: int | None = None
-    context: object | None = None
-    """What the record was made from, for a runner that wants it (replay keeps the scored
-    trajectory of a reward); never sent anywhere."""
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ May import: the standard library, the core, :mod:`streams.models`, :mod:`streams
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from ..codec import SchemaRegistry
@@ -52,6 +53,7 @@ from ..errors import RecordError, RewardError
 from ..models import (
     AwaitingReward,
     JudgeVerdict,
+    RewardedTrajectory,
     StoredVerdict,
     Trajectory,
     UserFeedback,
@@ -64,7 +66,7 @@ from .judge import JudgeSpec
 from .rewards import Rewarder
 from .store import Store
 
-__all__ = ["NOTHING_TRAINABLE", "NO_JUDGE", "RewardJoin"]
+__all__ = ["NOTHING_TRAINABLE", "NO_JUDGE", "RewardJoin", "RewardOut", "Scored"]
 
 NOTHING_TRAINABLE = (
     "nothing trainable: no LLM step with a response id, so no msg_ids to reward; "
@@ -75,6 +77,23 @@ NO_JUDGE = (
     "the reward function needs the LLM judge's verdict: set reward.judge.url, reward.judge.model "
     "and reward.judge.rubric_file [TRAJSTREAM_REWARD__JUDGE__URL, ...]"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One trajectory the reward function scored: the record emitted on ``rewarded`` and the
+    user feedback the function was given (what replay reports per reward function; the
+    rewarded record does not carry it). Never sent anywhere."""
+
+    rewarded: RewardedTrajectory
+    feedback: tuple[UserFeedback, ...]
+
+
+@dataclass(slots=True)
+class RewardOut(Out):
+    """What one step of the reward stage decided: an :class:`Out`, and every scoring in it."""
+
+    scored: list[Scored] = field(default_factory=list)
 
 
 class RewardJoin:
@@ -123,10 +142,10 @@ class RewardJoin:
         self._grace.clear()
         self._kept.clear()
 
-    def on_record(self, src: Source, now: datetime) -> Out:
+    def on_record(self, src: Source, now: datetime) -> RewardOut:
         """One record of ``<p>.trajectories``, ``<p>.user-feedback`` or ``<p>.verdicts`` (or a
         Tick)."""
-        out = Out()
+        out = RewardOut()
         try:
             if src.topic == self.verdicts_topic and not src.value and src.key:
                 self._forget(src.key, out)  # a tombstone: judge the call again when asked
@@ -151,25 +170,25 @@ class RewardJoin:
             out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
         return out
 
-    def on_trajectory(self, trajectory: Trajectory, partition: int, now: datetime) -> Out:
+    def on_trajectory(self, trajectory: Trajectory, partition: int, now: datetime) -> RewardOut:
         """A trajectory handed over in memory (replay), as if read from ``<p>.trajectories``:
         the object itself (a copy the stage may attach feedback to), not encoded and decoded
         again; it came from the assemble stage, so it needs no validation."""
         key = trajectory.call_id.encode()
         src = Source(self.trajectories_topic, partition, -1, key, b"")
         own = trajectory.model_copy(update={"feedback": list(trajectory.feedback)})
-        out = Out()
+        out = RewardOut()
         try:
             self._join(src, own, now, out)
         except RecordError as exc:
             out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
         return out
 
-    def on_verdict(self, verdict: JudgeVerdict, partition: int, now: datetime) -> Out:
+    def on_verdict(self, verdict: JudgeVerdict, partition: int, now: datetime) -> RewardOut:
         """A verdict handed over in memory (replay's verdicts, asked after the range), as if
         read from ``<p>.verdicts``: the object itself, not encoded and decoded again."""
         src = Source(self.verdicts_topic, partition, -1, verdict.call_id.encode(), b"")
-        out = Out()
+        out = RewardOut()
         try:
             self._verdict(src, verdict, now, out)
         except RecordError as exc:
@@ -177,7 +196,7 @@ class RewardJoin:
         return out
 
     def _join(
-        self, src: Source, record: Trajectory | UserFeedback, now: datetime, out: Out
+        self, src: Source, record: Trajectory | UserFeedback, now: datetime, out: RewardOut
     ) -> None:
         key = check_key(src, record.call_id)
         raw = self.awaiting.get(key)
@@ -220,7 +239,7 @@ class RewardJoin:
         self.awaiting.set(key, self.codec.encode(entry))
 
     def _scored(
-        self, key: bytes, entry: AwaitingReward, src: Source | None, now: datetime, out: Out
+        self, key: bytes, entry: AwaitingReward, src: Source | None, now: datetime, out: RewardOut
     ) -> bool:
         """Score a ready entry whose verdict (if needed) is there; else ask the judge once.
         Whether it was scored (and so deleted)."""
@@ -242,7 +261,7 @@ class RewardJoin:
         self._score(key, entry.trajectory, src, out, stored.verdict)
         return True
 
-    def _ask_again(self, key: bytes, entry: AwaitingReward, out: Out) -> None:
+    def _ask_again(self, key: bytes, entry: AwaitingReward, out: RewardOut) -> None:
         """The request of a redelivered trajectory whose verdict is missing, made again."""
         if self.judge is None or entry.trajectory is None or self._stored(key) is not None:
             return
@@ -251,7 +270,7 @@ class RewardJoin:
         request = self.judge.request(entry.trajectory, entry.judge_requested_at)
         out.emit("judge_requests", key, request)
 
-    def _forget(self, key: bytes, out: Out) -> None:
+    def _forget(self, key: bytes, out: RewardOut) -> None:
         if self.verdicts is not None and self.verdicts.get(key) is not None:
             self.verdicts.delete(key)
             out.stats["verdicts.deleted"] += 1
@@ -260,7 +279,7 @@ class RewardJoin:
         raw = self.verdicts.get(key) if self.verdicts is not None else None
         return None if raw is None else self.codec.decode_as(raw, StoredVerdict)
 
-    def _verdict(self, src: Source, verdict: JudgeVerdict, now: datetime, out: Out) -> None:
+    def _verdict(self, src: Source, verdict: JudgeVerdict, now: datetime, out: RewardOut) -> None:
         """A verdict from ``<p>.verdicts``: the first of a call is stored, and scores its
         trajectory if that is ready."""
         key = check_key(src, verdict.call_id)
@@ -291,10 +310,10 @@ class RewardJoin:
             return self.feedback_grace
         return self.abandon_after + self.feedback_grace
 
-    def on_tick(self, partition: int, at: datetime) -> Out:
+    def on_tick(self, partition: int, at: datetime) -> RewardOut:
         """Time passed on ``partition``: score trajectories whose grace period ended, forget
         feedback that waited too long for its trajectory."""
-        out = Out()
+        out = RewardOut()
         for key in self._index(partition).due(at):
             raw = self.awaiting.get(key)
             if raw is None:
@@ -321,7 +340,7 @@ class RewardJoin:
         key: bytes,
         trajectory: Trajectory,
         src: Source | None,
-        out: Out,
+        out: RewardOut,
         verdict: JudgeVerdict | None = None,
     ) -> None:
         self.awaiting.delete(key)
@@ -342,14 +361,21 @@ class RewardJoin:
             rewarded = rewarded.model_copy(update={"upstream": trajectory.upstream})
         if not trains(rewarded):  # production's answer: scored for the comparison only
             out.stats["trajectories.rewarded_production"] += 1
-            out.emit("rewarded", key, rewarded, context=trajectory)
+            self._emit(key, trajectory, rewarded, out)
             return
         if not rewarded.msg_ids:
             out.stats["trajectories.nothing_trainable"] += 1
             out.reject(self._reject(NOTHING_TRAINABLE, "NothingTrainable", key, trajectory, src))
             return
         out.stats["trajectories.rewarded"] += 1
-        out.emit("rewarded", key, rewarded, context=trajectory)
+        self._emit(key, trajectory, rewarded, out)
+
+    @staticmethod
+    def _emit(
+        key: bytes, trajectory: Trajectory, rewarded: RewardedTrajectory, out: RewardOut
+    ) -> None:
+        out.emit("rewarded", key, rewarded)
+        out.scored.append(Scored(rewarded, tuple(trajectory.feedback)))
 
     def _reject(
         self,

@@ -23,7 +23,7 @@ from ..core.backfill import (
 from ..core.clock import RecordClock
 from ..core.effects import Out, Reject, Source
 from ..core.judge import JudgeSpec
-from ..core.reward_join import NOTHING_TRAINABLE, RewardJoin
+from ..core.reward_join import NOTHING_TRAINABLE, RewardJoin, RewardOut
 from ..core.rewards import Rewarder
 from ..core.select import Strategy
 from ..core.store import MemoryStore
@@ -276,22 +276,20 @@ class ReplayRunner:
                 out = join.on_trajectory(trajectory, partition, now)
                 self._joined(index, out, count=index == 0)
 
-    def _joined(self, index: int, out: Out, *, count: bool) -> None:
+    def _joined(self, index: int, out: RewardOut, *, count: bool) -> None:
         if count:
             self.stats["trajectories.incomplete"] += out.stats["trajectories.incomplete"]
+        # the rewarded records come with their feedback in out.scored; of the emits only the
+        # judge requests matter here (a verdict emitted again is the live topic's concern)
         for emit in out.emits:
             if emit.topic == "judge_requests":
                 assert isinstance(emit.record, JudgeRequest)
                 self.judge_requests.setdefault(emit.record.call_id, emit.record)
-                continue
-            if emit.topic != "rewarded":  # a verdict emitted again: the live topic's concern
-                continue
-            rewarded = emit.record
-            assert isinstance(rewarded, RewardedTrajectory) and isinstance(emit.context, Trajectory)
-            outcome = self._by_call.get(rewarded.call_id)
+        for scored in out.scored:
+            outcome = self._by_call.get(scored.rewarded.call_id)
             if outcome is not None:
-                outcome.rewards[index] = rewarded
-                outcome.attached[index] = list(emit.context.feedback)
+                outcome.rewards[index] = scored.rewarded
+                outcome.attached[index] = list(scored.feedback)
                 self.stats[f"rewarded.{index}"] += 1
         if out.stats["trajectories.incomplete"]:
             for outcome in self.outcomes:

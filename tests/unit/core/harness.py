@@ -17,7 +17,7 @@ from streams.core.assemble import Assembler
 from streams.core.assembly import Limits
 from streams.core.effects import Out, Source
 from streams.core.judge import JudgeSpec
-from streams.core.reward_join import RewardJoin
+from streams.core.reward_join import RewardJoin, RewardOut, Scored
 from streams.core.rewards import Rewarder, build_rewarder
 from streams.core.select import Strategy, build_strategy
 from streams.core.store import MemoryStore
@@ -64,6 +64,7 @@ class Core:
             verdict_retention=self.verdict_retention,
         )
         self.out = Out()
+        self.scored: list[Scored] = []  # every scoring of the reward stage, in order
         self._offset = 0
 
     def source(self, topic: str, record: AvroModel, key: bytes | None = None) -> Source:
@@ -105,6 +106,8 @@ class Core:
 
     def _record(self, out: Out) -> Out:
         self.out.extend(out)
+        if isinstance(out, RewardOut):
+            self.scored.extend(out.scored)
         return out
 
     # what happened so far

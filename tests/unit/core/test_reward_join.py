@@ -19,10 +19,14 @@ CALL = [(start(), 0), (step(seq=0), 1), (end(step_count=1), 2)]  # closes at 2 s
 def rewards(core: Core) -> list[tuple[float, int]]:
     """(reward, number of feedbacks attached) of every rewarded record so far."""
     out = []
+    scored = iter(core.scored)
     for emit in core.out.emits:
         if emit.topic == "rewarded":
             assert isinstance(emit.record, RewardedTrajectory)
-            out.append((emit.record.reward, len(emit.context.feedback)))  # type: ignore[union-attr]
+            used = next(scored)
+            assert used.rewarded is emit.record  # one scoring per rewarded record, in order
+            out.append((emit.record.reward, len(used.feedback)))
+    assert next(scored, None) is None
     return out
 
 
