@@ -35,7 +35,6 @@ from ..otlp_http import add_otlp_routes
 from ..publisher import Publisher
 from ..routing import decide_route
 from ..routing_follow import ShareFollower
-
 from .api_routes import ApiRoutes
 from .chat_routes import ChatRoutes
 from .requests import _KEY_AGENT, OPEN_PATHS, error_for

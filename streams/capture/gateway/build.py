@@ -21,7 +21,6 @@ from ...topics import Topics
 from ..publisher import Publisher
 from ..routing import RolloutStrategy, ShareBook, check_routable
 from ..routing_follow import ShareFollower
-
 from .app import Gateway
 from .upstream import production_url_of
 

@@ -23,7 +23,6 @@ from aiohttp import web
 from ...errors import UpstreamFailed
 from ...models import AgentCall, Completion, utcnow
 from ..chat import StreamAssembler, llm_step, steps_of_request
-
 from .calls import CallState, Once, Timing, one_step_end
 from .requests import parse_messages
 from .state import GatewayState

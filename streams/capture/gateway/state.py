@@ -18,7 +18,6 @@ from ...models import AgentCall
 from ...settings import Settings
 from ..publisher import Publisher
 from ..routing import Route, check_routable, decide_route
-
 from .calls import CallTable, GatewayStats
 from .requests import call_id_of, json_body, openai_error, parse_json, start_event
 from .upstream import Upstreams

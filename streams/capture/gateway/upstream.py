@@ -15,7 +15,6 @@ from aiohttp import web
 from ...errors import UpstreamFailed
 from ...settings import GatewaySettings, Settings
 from ..chat import ask_usage
-
 from .requests import openai_error
 
 
