@@ -23,8 +23,6 @@ May import: the standard library, the core, :mod:`streams.models`, :mod:`streams
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from ..codec import SchemaRegistry
@@ -37,7 +35,6 @@ from ..models import (
     PendingCall,
     SelectionDecision,
 )
-from .assemble_batch import Batch, WriteBehind
 from .assembly import (
     Applied,
     Deadlines,
@@ -110,22 +107,6 @@ class Assembler:
         self._abandon.clear()
         self._forget.clear()
         self.open.reset()
-
-    @contextmanager
-    def batch(self, at: Callable[[int], None] | None = None) -> Iterator[Batch]:
-        """Handle a batch of records with each store key written once (see
-        :mod:`streams.core.assemble_batch`): inside, call :meth:`Batch.at` with each record's
-        partition before :meth:`on_record`; the held writes are made when the block ends
-        (``at`` is called with each write's partition before it is made), also when it raises,
-        so the stores always hold what the records handled decided."""
-        pending, closed = WriteBehind(self.open.store), WriteBehind(self.closed)
-        self.open.store, self.closed = pending, closed
-        batch = Batch(pending, closed)
-        try:
-            yield batch
-        finally:
-            self.open.store, self.closed = pending.store, closed.store
-            batch.flush(at)
 
     # -- records -------------------------------------------------------------------------------
 

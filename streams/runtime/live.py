@@ -10,9 +10,7 @@ Faust's deserializer.
 0. ``spans``      spans + ticks -> agent-events (OTLP trace fragments -> each call's records;
                   :mod:`.spans_agent`, :class:`~streams.core.spans.SpanResolver`; table ``traces``)
 1. ``assemble``   agent-events + ticks  -> trajectories, decisions, late-events
-                  (:class:`~streams.core.assemble.Assembler`; tables ``pending``, ``closed``;
-                  in batches, each table key written once per batch:
-                  :mod:`streams.core.assemble_batch`)
+                  (:class:`~streams.core.assemble.Assembler`; tables ``pending``, ``closed``)
 2. ``reward``     trajectories + user-feedback + ticks (+ verdicts) -> rewarded (+ judge-requests)
                   (:class:`~streams.core.reward_join.RewardJoin`; tables ``awaiting`` and,
                   with a judge reward, ``verdicts``)
@@ -103,7 +101,6 @@ __all__ = ["Pipeline", "TableStore", "raw_input", "source_of"]
 
 log = logging.getLogger("trajstream")
 
-ASSEMBLE_BATCH = 500
 FEEDBACK_BATCH = 64
 JUDGE_BATCH = 32
 JUDGED_REMEMBERED = 100_000  # call ids the judge stage answered, to skip a request made again
@@ -302,11 +299,6 @@ class Pipeline:
         # outside a stream (Faust otherwise takes the partition from the current event, and
         # its use_partitioner option needs producer metadata it may not have yet).
         self.ledger.partition_for_key = lambda key: 0  # type: ignore[method-assign]
-        # The assemble stage writes its tables when a batch ends (see _assemble), outside the
-        # stream's current event: each write goes to the partition of the record that made it.
-        self._write_partition: int | None = None
-        for table in (self.pending, self.closed):
-            table.partition_for_key = self._partition_of_write  # type: ignore[method-assign]
         # one entry per event of an open call, the first under the call's own key
         self.metrics.watch_open_calls(
             lambda: sum(1 for key in list(self.pending.keys()) if is_head_key(key))
@@ -315,8 +307,8 @@ class Pipeline:
         # 1. assemble: a call's events -> one trajectory, if the call is selected
         @app.agent(raw_input(app, t.agent_events, t.ticks), name="assemble")
         async def assemble(stream: faust.StreamT) -> None:
-            async for batch in stream.take_events(ASSEMBLE_BATCH, within=BATCH_WITHIN):
-                await self._assemble(batch)
+            async for event in stream.events():
+                await self._guard("assemble", event, self.assembler.on_record)
 
         # 0. spans: OTLP trace fragments -> each call's records on agent-events (spans_agent)
         self.t_agent_events = self.t_events  # the stage's output topic, by the core's name
@@ -462,48 +454,6 @@ class Pipeline:
 
         await self._guarded(stage, source_of(event), run)
 
-    async def _assemble(self, events: list[Any]) -> None:
-        """One batch of the assemble stage: each record handled as by :meth:`_guard`, the
-        tables written once per key when the batch is done (:meth:`Assembler.batch`), then
-        what the records decided sent; Faust acknowledges the batch's offsets after that."""
-        outs = []
-        try:
-            with self.assembler.batch(at=self._write_to) as batch:
-                # no await in here: nothing else runs between the records and their writes
-                for event in events:
-                    src = source_of(event)
-                    self.metrics.event_in(src.topic)
-                    batch.at(src.partition)
-                    try:
-                        out = self.assembler.on_record(src, wall_clock())
-                    except Exception as exc:
-                        out = self._failed("assemble", src, exc)
-                    outs.append(out)
-        finally:
-            self._write_partition = None
-        for out in outs:
-            await self._send(out)
-
-    def _write_to(self, partition: int) -> None:
-        self._write_partition = partition
-
-    def _partition_of_write(self, key: Any) -> int:
-        partition = self._write_partition
-        if partition is None:
-            raise RuntimeError("the assemble stage's tables are written only by its batches")
-        return partition
-
-    def _failed(
-        self, stage: str, src: Source, exc: Exception, expected: tuple[type[Exception], ...] = ()
-    ) -> Out:
-        """What a stage that raised on ``src`` decided: a dead letter of ``stage`` (logged with
-        its traceback unless it is one of the ``expected`` errors, whose reason says all)."""
-        if not isinstance(exc, expected):
-            log.exception("%s: unexpected error on %s", stage, src.where())
-        out = Out()
-        out.reject(Reject(stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
-        return out
-
     async def _guarded(
         self,
         stage: str,
@@ -523,7 +473,10 @@ class Pipeline:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            out = self._failed(stage, src, exc, expected)
+            if not isinstance(exc, expected):
+                log.exception("%s: unexpected error on %s", stage, src.where())
+            out = Out()
+            out.reject(Reject(stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
         await self._send(out)
         return out
 

@@ -246,7 +246,9 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
     async def tick(now: datetime, *, reward_only: bool = False) -> None:
         value = CODEC.encode(Tick(at=now))
         if not reward_only:
-            await p._assemble([Event(t.ticks, next(offsets), None, value)])
+            await p._guard(
+                "assemble", Event(t.ticks, next(offsets), None, value), p.assembler.on_record
+            )
         await p._guard(
             "reward", Event(t.ticks, next(offsets), None, value), p.reward_join.on_record
         )
@@ -260,10 +262,8 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
             topic = t.agent_events if kind == "event" else t.user_feedback
             key = key if key is not None else getattr(record, "call_id", "").encode()
             event = Event(topic, next(offsets), key, CODEC.encode(record))
-            if kind == "event":  # the assemble stage runs in batches: here of one record
-                await p._assemble([event])
-            else:
-                await p._guard("reward", event, p.reward_join.on_record)
+            stage = p.assembler if kind == "event" else p.reward_join
+            await p._guard("assemble" if kind == "event" else "reward", event, stage.on_record)
             done = await drain(done)
         clock["now"] = at(until)
         await tick(at(until))
