@@ -120,21 +120,9 @@ class ApiRoutes:
             return web.json_response(exc.body, status=exc.status)
         start = gw._start_event(request, call_id, [])  # validates the headers too
         start = start.model_copy(update={"input_messages": parsed.messages})
-        state = gw.calls.get(call_id) if path_call else None
-        records: list[AgentCall | Completion] = []
-        if state is None:
-            route = gw._route(start)
-            state = CallState(route)
-            if path_call:
-                gw.calls.add(call_id, state)
-            start.attributes.update(route.attributes())
-            records.append(start)
+        steps = tool_steps(call_id, parsed.messages, start.event_time) if path_call else ()
+        state, records = gw._open_call(start, path_call, steps)
         route = state.route
-        if path_call:
-            for step in tool_steps(call_id, parsed.messages, start.event_time):
-                if step.seq not in state.seqs:
-                    state.seqs.add(step.seq)
-                    records.append(step)
         which: Which = "trinity" if route.upstream == "trinity" else "production"
         if which == "trinity" and parsed.chat is None:
             log.warning(

@@ -21,7 +21,7 @@ import pydantic
 from aiohttp import web
 
 from ...errors import UpstreamFailed
-from ...models import AgentCall, Completion, utcnow
+from ...models import Completion, utcnow
 from ..chat import StreamAssembler, llm_step, steps_of_request
 from .calls import CallState, Once, Timing, one_step_end
 from .requests import parse_messages
@@ -52,21 +52,9 @@ class ChatRoutes(GatewayState):
         messages = parse_messages(body)
         call_id = path_call or f"gw-{uuid.uuid4().hex}"
         start = self._start_event(request, call_id, messages)  # validates the headers too
-        state = self.calls.get(call_id) if path_call else None
-        records: list[AgentCall | Completion] = []
-        if state is None:
-            route = self._route(start)
-            state = CallState(route)
-            if path_call:
-                self.calls.add(call_id, state)
-            start.attributes.update(route.attributes())
-            records.append(start)
+        steps = steps_of_request(call_id, messages, start.event_time) if path_call else ()
+        state, records = self._open_call(start, path_call, steps)
         route = state.route
-        if path_call:
-            for step in steps_of_request(call_id, messages, start.event_time):
-                if step.seq not in state.seqs:
-                    state.seqs.add(step.seq)
-                    records.append(step)
         headers = {
             "X-Trajstream-Call-Id": call_id,
             "X-Trajstream-Upstream": route.upstream,

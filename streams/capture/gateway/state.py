@@ -8,17 +8,17 @@ May import: its siblings :mod:`.requests`, :mod:`.calls`, :mod:`.upstream`, and 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from ...core.select import Strategy
-from ...models import AgentCall
+from ...models import AgentCall, Completion
 from ...settings import Settings
 from ..publisher import Publisher
 from ..routing import Route, check_routable, decide_route
-from .calls import CallTable, GatewayStats
+from .calls import CallState, CallTable, GatewayStats
 from .requests import call_id_of, json_body, openai_error, parse_json, start_event
 from .upstream import Upstreams
 
@@ -56,6 +56,30 @@ class GatewayState(Upstreams):
                 self._routes.clear()
             shared = self._routes[key] = route
         return shared
+
+    def _open_call(
+        self, start: AgentCall, path_call: str | None, steps: Iterable[Completion]
+    ) -> tuple[CallState, list[AgentCall | Completion]]:
+        """The state of ``start``'s call and what this request adds to its records. At a
+        call's first request the route is decided (the one decision, on START's attributes)
+        and START recorded; a call named in the path is kept in the call table, and the
+        request's ``steps`` (tool results) it has not recorded yet are added, each once."""
+        call_id = start.call_id
+        state = self.calls.get(call_id) if path_call else None
+        records: list[AgentCall | Completion] = []
+        if state is None:
+            route = self._route(start)
+            state = CallState(route)
+            if path_call:
+                self.calls.add(call_id, state)
+            start.attributes.update(route.attributes())
+            records.append(start)
+        if path_call:
+            for step in steps:
+                if step.seq not in state.seqs:
+                    state.seqs.add(step.seq)
+                    records.append(step)
+        return state, records
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task: asyncio.Task[T] = asyncio.ensure_future(coro)
