@@ -262,13 +262,7 @@ async def run_otlp(
     from .sdk import TrajstreamProducer
 
     cfg = settings.otlp
-    async with TrajstreamProducer(
-        bootstrap,
-        topic_prefix=settings.kafka.topic_prefix,
-        partitions=settings.kafka.partitions,
-        security=settings.kafka.security,
-        schema_registry=settings.kafka.schema_registry,
-    ) as producer:
+    async with TrajstreamProducer.from_settings(settings, bootstrap) as producer:
         app = web.Application()
         add_otlp_routes(
             app,

@@ -47,7 +47,7 @@ from ..models import (
     UserFeedback,
     utcnow,
 )
-from ..settings import KafkaSecuritySettings, SchemaRegistrySettings
+from ..settings import KafkaSecuritySettings, SchemaRegistrySettings, Settings
 from ..topics import Topics
 from ..wire import TopicFraming
 
@@ -101,6 +101,19 @@ class TrajstreamProducer:
         self._producer = producer or kafka.producer(bootstrap_servers, security)
         self._schema_registry = schema_registry
         self._framing: TopicFraming | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, bootstrap_servers: str) -> TrajstreamProducer:
+        """A producer for ``bootstrap_servers`` with the topics, security and schema registry
+        of ``settings.kafka``."""
+        k = settings.kafka
+        return cls(
+            bootstrap_servers,
+            topic_prefix=k.topic_prefix,
+            partitions=k.partitions,
+            security=k.security,
+            schema_registry=k.schema_registry,
+        )
 
     async def start(self) -> None:
         if self._schema_registry is not None and self._framing is None:

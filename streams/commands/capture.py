@@ -65,13 +65,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     ensure_topics(settings, bootstrap)
 
     async def publish() -> None:
-        async with TrajstreamProducer(
-            bootstrap,
-            topic_prefix=settings.kafka.topic_prefix,
-            partitions=settings.kafka.partitions,
-            security=settings.kafka.security,
-            schema_registry=settings.kafka.schema_registry,
-        ) as producer:
+        async with TrajstreamProducer.from_settings(settings, bootstrap) as producer:
             await producer.publish_many(events)
 
     asyncio.run(publish())

@@ -178,13 +178,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
 
     async def drive() -> None:
         async with (
-            TrajstreamProducer(
-                bootstrap,
-                topic_prefix=settings.kafka.topic_prefix,
-                partitions=settings.kafka.partitions,
-                security=settings.kafka.security,
-                schema_registry=settings.kafka.schema_registry,
-            ) as producer,
+            TrajstreamProducer.from_settings(settings, bootstrap) as producer,
             TrinityClient.from_settings(settings.trinity) as trinity,
         ):
             with Progress() as progress:
