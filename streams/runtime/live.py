@@ -305,10 +305,13 @@ class Pipeline:
         )
 
         # 1. assemble: a call's events -> one trajectory, if the call is selected
-        @app.agent(raw_input(app, t.agent_events, t.ticks), name="assemble")
-        async def assemble(stream: faust.StreamT) -> None:
-            async for event in stream.events():
-                await self._guard("assemble", event, self.assembler.on_record)
+        # (the stages are made after the app: looked up when a record comes)
+        self.guarded_agent(
+            app,
+            "assemble",
+            (t.agent_events, t.ticks),
+            lambda src, now: self.assembler.on_record(src, now),
+        )
 
         # 0. spans: OTLP trace fragments -> each call's records on agent-events (spans_agent)
         self.t_agent_events = self.t_events  # the stage's output topic, by the core's name
@@ -317,7 +320,6 @@ class Pipeline:
         # 2. reward: trajectory (+ user feedback, within the grace period, + the judge's
         # verdict) -> rewarded; a judge request once per call that needs a verdict
         reward_inputs = (t.trajectories, t.user_feedback, t.ticks, *([t.verdicts] * judging))
-        # (the stage is made after the app: looked up when a record comes)
         self.guarded_agent(
             app, "reward", reward_inputs, lambda src, now: self.reward_join.on_record(src, now)
         )
