@@ -6,10 +6,11 @@ marker per closed call, kept ``late_retention`` so that a late event is recorded
 twice and never dropped). The rules of assembly are in :mod:`streams.core.assembly`; this
 module applies them to records and to the clock:
 
-- :meth:`Assembler.on_record`: one record of ``<p>.agent-events`` (an AgentCall or a
-  Completion, nothing else) or a Tick of ``<p>.ticks``, handed to :meth:`on_tick`: only that
-  topic moves the clock, so no input record can; a tick or an event dated more than
-  ``limits.max_future`` ahead of the clock is a dead letter;
+- :meth:`Assembler.on_record`: one record, decoded at the edge (:mod:`streams.envelope`, which
+  lets only AgentCall and Completion records through ``<p>.agent-events`` and only ticks through
+  ``<p>.ticks``): an event is applied, a Tick handed to :meth:`on_tick` (so no input record can
+  move the clock); a tick or an event dated more than ``limits.max_future`` ahead of the clock
+  is a dead letter;
 - :meth:`Assembler.on_tick`: time passed on a partition: abandon calls open too long, forget
   closed calls past their retention.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from ..codec import SchemaRegistry
+from ..envelope import misplaced
 from ..errors import RecordError, ValidationError
 from ..models import (
     AgentCall,
@@ -34,6 +36,7 @@ from ..models import (
     Completion,
     PendingCall,
     SelectionDecision,
+    Tick,
 )
 from .assembly import (
     Applied,
@@ -47,7 +50,7 @@ from .assembly import (
     tick_time,
     view_of,
 )
-from .effects import Out, Reject, Source
+from .effects import Envelope, Out, Reject, Source
 from .pending import OpenCall, OpenCalls, is_head_key
 from .select import Strategy
 from .store import Store
@@ -55,9 +58,9 @@ from .store import Store
 __all__ = ["Assembler", "check_key"]
 
 
-def check_key(src: Source, call_id: str) -> bytes:
+def check_key(env: Envelope, call_id: str) -> bytes:
     """The record's key, which must be its call_id (so a call's records meet on one partition)."""
-    key = src.key
+    key = env.key
     if key is None or key != call_id.encode():
         raise ValidationError(
             f"record key {key!r} is not its call_id {call_id!r}: key every event by call_id "
@@ -80,9 +83,7 @@ class Assembler:
         pending: Store,
         closed: Store,
         codec: SchemaRegistry,
-        ticks_topic: str = "ticks",
     ) -> None:
-        self.ticks_topic = ticks_topic
         self.strategy = strategy
         self.limits = limits
         self.late_retention = late_retention
@@ -110,44 +111,49 @@ class Assembler:
 
     # -- records -------------------------------------------------------------------------------
 
-    def on_record(self, src: Source, now: datetime) -> Out:
+    def on_record(self, env: Envelope, now: datetime) -> Out:
+        """One record of ``<p>.agent-events`` (an AgentCall or a Completion) or a Tick of
+        ``<p>.ticks`` (handed to :meth:`on_tick`), decoded at the edge."""
         out = Out()
         try:
-            record = self.codec.decode(src.value)
-            at = tick_time(record, src.topic, self.ticks_topic, now, self.limits.max_future)
-            if at is not None:
-                return self.on_tick(src.partition, at)
-            if not isinstance(record, AgentCall | Completion):
-                raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
-            check_not_future("event_time", record.event_time, now, self.limits.max_future)
-            self._event(src, record, now, out)
+            match env.open():
+                case Tick() as tick:
+                    return self.on_tick(env.partition, tick_time(tick, now, self.limits.max_future))
+                case AgentCall() | Completion() as event:
+                    check_not_future("event_time", event.event_time, now, self.limits.max_future)
+                    self._event(env, event, now, out)
+                case other:
+                    raise misplaced(other, env.topic)
         except RecordError as exc:
-            out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
+            out.reject(Reject.of(self.stage, exc, env.source))
         return out
 
-    def _event(self, src: Source, record: AgentCall | Completion, now: datetime, out: Out) -> None:
-        key = check_key(src, record.call_id)
+    def _event(
+        self, env: Envelope, record: AgentCall | Completion, now: datetime, out: Out
+    ) -> None:
+        key = check_key(env, record.call_id)
         closed = self.closed.get(key)
         if closed is not None:
             out.stats["events.late"] += 1
-            out.reject(self._late(src, self.codec.decode_as(closed, ClosedCall)))
+            out.reject(self._late(env.source, self.codec.decode_as(closed, ClosedCall)))
             return
         try:
-            self._apply(key, src, record, now, out)
+            self._apply(key, env, record, now, out)
         except BaseException:
             # the cached progress may count an event the store never got: the store decides
             self.open.discard(key)
             raise
 
     def _apply(
-        self, key: bytes, src: Source, record: AgentCall | Completion, now: datetime, out: Out
+        self, key: bytes, env: Envelope, record: AgentCall | Completion, now: datetime, out: Out
     ) -> None:
+        data = env.value  # the event as read: stored as it is, and counted by its size
         call = self.open.get(key)
         if call is not None:
             progress = call.progress
         else:
-            progress = Progress(record.call_id, now, src.partition)
-        applied = progress.apply(record, len(src.value))
+            progress = Progress(record.call_id, now, env.partition)
+        applied = progress.apply(record, len(data))
         if applied is Applied.DUPLICATE:
             out.stats["events.duplicate"] += 1
             return
@@ -164,7 +170,7 @@ class Assembler:
             out.reject(
                 Reject(
                     self.stage,
-                    f"an event of {len(src.value)} bytes would make call {record.call_id} larger "
+                    f"an event of {len(data)} bytes would make call {record.call_id} larger "
                     f"than assembly.max_bytes ({self.limits.max_bytes}); "
                     + (
                         "the call closed as oversized with what it had"
@@ -172,21 +178,21 @@ class Assembler:
                         else "nothing of the call was kept"
                     ),
                     "Oversized",
-                    src,
+                    env.source,
                 )
             )
             if call is not None:
                 state = self.open.pending_call(key, call)
-                state.bytes -= len(src.value)  # progress counted the event not added
+                state.bytes -= len(data)  # progress counted the event not added
                 reason = f"oversized: more than {self.limits.max_bytes} bytes"
                 self._close(key, call, state, reason, now, out)
             return
         out.stats["events.applied"] += 1
         reason = closed_reason(progress, now, self.limits)
         if call is None:
-            self._index(self._abandon, src.partition).set(key, now + self.limits.abandon_after)
+            self._index(self._abandon, env.partition).set(key, now + self.limits.abandon_after)
         if reason is None:
-            self.open.add(key, call, progress, record, src.value)
+            self.open.add(key, call, progress, record, data)
         else:
             # the closing event is not stored: the call's entries are deleted now
             state = self.open.pending_call(key, call) if call is not None else None
@@ -194,7 +200,7 @@ class Assembler:
             self._close(key, call, state, reason, now, out)
 
     @staticmethod
-    def _late(src: Source, closed: ClosedCall) -> Reject:
+    def _late(src: Source | None, closed: ClosedCall) -> Reject:
         reason = (
             f"arrived after call {closed.call_id} closed at {closed.closed_at.isoformat()} "
             f"({closed.reason}); late, or redelivered after a restart"

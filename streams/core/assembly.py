@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from ..errors import RecordError, ValidationError
+from ..errors import ValidationError
 from ..models import (
     AgentCall,
-    AvroModel,
     CallPhase,
     Completion,
     PendingCall,
@@ -92,18 +91,12 @@ def check_not_future(what: str, at: datetime, now: datetime, max_future: timedel
         )
 
 
-def tick_time(
-    record: AvroModel, topic: str, ticks_topic: str, now: datetime, max_future: timedelta
-) -> datetime | None:
-    """The time a record read from ``topic`` sets a stage's clock to: a Tick's, and only from
-    the ticks topic (None for the records of other topics). Anything else on the ticks topic,
-    or a tick dated past ``max_future``, is a :class:`~streams.errors.RecordError`."""
-    if topic != ticks_topic:
-        return None
-    if not isinstance(record, Tick):
-        raise RecordError(f"{record.avro_name} does not belong on {topic}")
-    check_not_future("tick", record.at, now, max_future)
-    return record.at
+def tick_time(tick: Tick, now: datetime, max_future: timedelta) -> datetime:
+    """The time a tick sets a stage's clock to (ticks come only from the ticks topic, which
+    :mod:`streams.envelope` checks); a tick dated past ``max_future`` is a
+    :class:`~streams.errors.RecordError`."""
+    check_not_future("tick", tick.at, now, max_future)
+    return tick.at
 
 
 def new_pending(call_id: str, now: datetime) -> PendingCall:

@@ -30,6 +30,7 @@ from ..codec import SchemaRegistry
 from ..errors import ConfigError, ReplayError
 from ..models import (
     CommitRecord,
+    FeedbackAck,
     LedgerState,
     RewardedTrajectory,
     Trajectory,
@@ -38,7 +39,7 @@ from ..models import (
 from .arms import trains
 from .commits import CommitPort
 from .compare import CompareConfig
-from .effects import Out, Reject, Source
+from .effects import Envelope, Out, Reject
 from .ledger import CommitPlan, LedgerConfig
 from .ledger_batch import run_batch
 from .ledger_stage import LedgerStage
@@ -264,13 +265,11 @@ class Backfill:
         *,
         codec: SchemaRegistry,
         state: LedgerState | None,
-        topic: str,
         clock: Callable[[], datetime],
     ) -> None:
         state = state.model_copy(deep=True) if state is not None else LedgerState()
         self.stage = _MemoryLedger(cfg, codec, state)
         self.port = port
-        self.topic = topic
         self.clock = clock
         self.records: list[CommitRecord] = []
         self.plans: list[CommitPlan] = []
@@ -281,32 +280,32 @@ class Backfill:
     def state(self) -> LedgerState:
         return self.stage.state
 
-    async def resume(self, uncommitted: Sequence[bytes] = ()) -> None:
+    async def resume(self, uncommitted: Sequence[Envelope] = ()) -> None:
         """The first batch: resolve a commit an earlier run left in flight, and apply the
         acknowledgements it recorded after its last commit (``uncommitted``, see
-        :func:`uncommitted_acks`), unless that commit in flight carries them already (they were
-        applied before it was written ahead)."""
+        :func:`uncommitted_acks`, opened at the edge), unless that commit in flight carries
+        them already (they were applied before it was written ahead)."""
         carried = self.state.pending_commit is not None
         await self._batch([] if carried else list(uncommitted))
 
-    async def acked(self, recorded: bytes) -> None:
-        """One acknowledgement (a :class:`~streams.models.FeedbackAck` as recorded): commits
-        when the rule says so."""
-        await self._batch([recorded])
+    async def acked(self, ack: FeedbackAck) -> None:
+        """One acknowledgement (as recorded on ``<p>.replayed``): commits when the rule says
+        so."""
+        await self._batch([Envelope.handed(ack, 0)])
 
     async def close(self) -> None:
         """The end of the replay: commit whatever is left."""
         await self._batch([], closing=True)
 
-    async def _batch(self, values: list[bytes], *, closing: bool = False) -> None:
-        first = self.state.applied_offset + 1  # each acknowledgement applied once
-        sources = [Source(self.topic, 0, first + i, None, v) for i, v in enumerate(values)]
+    async def _batch(self, records: list[Envelope], *, closing: bool = False) -> None:
+        first = self.state.applied_offset + 1  # each acknowledgement applied once, in order
+        batch = [replace(env, offset=first + i) for i, env in enumerate(records)]
 
-        async def read(state: LedgerState) -> list[Source]:
-            return sources
+        async def read(state: LedgerState) -> list[Envelope]:
+            return batch
 
-        batch = await run_batch(self.stage, _Port(self), read, self.clock, closing=closing)
-        self.rejects.extend(batch.applied.rejects)
+        done = await run_batch(self.stage, _Port(self), read, self.clock, closing=closing)
+        self.rejects.extend(done.applied.rejects)
 
 
 class _Port:

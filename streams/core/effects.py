@@ -1,12 +1,14 @@
 """What the core's stages return instead of doing I/O: records to emit and rejects.
 
-A stage step takes a :class:`Source` (one input record as read: topic, partition, offset, key,
-bytes) and ``now``, and returns an :class:`Out`: records per output topic (named by the
+A stage step takes an :class:`~streams.envelope.Envelope` (one input record, decoded at the
+edge, with its :class:`Source`: topic, partition, offset, key, bytes) and ``now``, and returns
+an :class:`Out`: records per output topic (named by the
 attribute of :class:`streams.topics.Topics`, e.g. ``"trajectories"``), and :class:`Reject`\\ s,
 each a dead letter or a late event with its reason. The live runner sends them to Kafka; replay
 counts and reports them, with the same reasons.
 
-May import: the standard library, :mod:`streams.models` and :mod:`streams.errors`.
+May import: the standard library, :mod:`streams.envelope`, :mod:`streams.models` and
+:mod:`streams.errors`.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from ..envelope import Envelope, Source
 from ..models import AvroModel, DeadLetter
 
-__all__ = ["Emit", "Out", "Reject", "Source", "dead_letter"]
+__all__ = ["Emit", "Envelope", "Out", "Reject", "Source", "dead_letter"]
 
 OutputTopic = Literal[
     "trajectories",
@@ -33,29 +36,6 @@ OutputTopic = Literal[
     "comparisons",
     "routing",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """One input record, as the runner read it."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-    """The record's bytes; ``b""`` for a record without a value (a tombstone): runners make
-    a Source with :meth:`read`, which says so."""
-
-    @classmethod
-    def read(
-        cls, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
-    ) -> Source:
-        """A record as a Kafka client hands it over (a tombstone's value is ``None``)."""
-        return cls(topic, partition, offset, key, b"" if value is None else value)
-
-    def where(self) -> str:
-        return f"{self.topic}[{self.partition}]@{self.offset}"
 
 
 @dataclass(slots=True)
@@ -80,6 +60,11 @@ class Reject:
     source: Source | None = None
     key: bytes | None = None
     payload: bytes | None = None
+
+    @classmethod
+    def of(cls, stage: str, exc: Exception, source: Source | None) -> Reject:
+        """The dead letter of ``stage`` for an error raised on a record read as ``source``."""
+        return cls(stage, str(exc) or type(exc).__name__, type(exc).__name__, source)
 
     @property
     def late(self) -> bool:

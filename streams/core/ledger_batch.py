@@ -31,7 +31,7 @@ from typing import Protocol
 
 from ..models import CommitRecord, LedgerState
 from .commits import CommitPort, resolve_commit, write_ahead_commit
-from .effects import Out, Source
+from .effects import Envelope, Out
 from .ledger import CommitPlan, due_commit
 from .ledger_stage import LedgerStage
 
@@ -68,7 +68,7 @@ class Batch:
 async def run_batch(
     stage: LedgerStage,
     port: LedgerPort,
-    read: Callable[[LedgerState], Awaitable[Sequence[Source]]],
+    read: Callable[[LedgerState], Awaitable[Sequence[Envelope]]],
     now: Callable[[], datetime],
     *,
     closing: bool = False,

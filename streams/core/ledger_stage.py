@@ -11,7 +11,8 @@ Four record types belong on the ledger: :class:`~streams.models.FeedbackAck` (wr
 feedback stage), :class:`~streams.models.Tick` (the ledger clock),
 :class:`~streams.models.CommitResume` (an operator's ``trajstream commits resume``) and
 :class:`~streams.models.RoutingOverride` (``trajstream routing set|resume``). Anything else, and
-these anywhere else, is a dead letter.
+these anywhere else, is a dead letter (:mod:`streams.envelope` checks it where the records are
+decoded; a batch holds :class:`~streams.envelope.Envelope`\ s).
 
 With every decision, the windows it closed are compared (:mod:`streams.core.compare`, on
 ``comparisons``) and, with ``gateway.rollout`` on, the policy's share of each agent follows
@@ -28,11 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..codec import SchemaRegistry
+from ..envelope import misplaced
 from ..errors import RecordError
 from ..models import CommitResume, FeedbackAck, LedgerState, RoutingOverride, Tick
 from .arms import POLICY
 from .compare import compare_windows
-from .effects import Out, Reject, Source
+from .effects import Envelope, Out, Reject
 from .ledger import (
     CommitPlan,
     LedgerConfig,
@@ -81,50 +83,49 @@ class LedgerStage:
     def exists(self) -> bool:
         return self.store.get(LEDGER_KEY) is not None
 
-    def apply(self, state: LedgerState, batch: list[Source], now: datetime) -> Applied:
+    def apply(self, state: LedgerState, batch: list[Envelope], now: datetime) -> Applied:
         applied = Applied(Out())
         out = applied.out
-        for src in batch:
-            if src.offset <= state.applied_offset:
+        for env in batch:
+            if env.offset <= state.applied_offset:
                 # applied before a restart: the state restored from the changelog has it
                 out.stats["ledger.reapplied"] += 1
                 continue
-            state.applied_offset = src.offset
+            state.applied_offset = env.offset
             try:
-                record = self.codec.decode(src.value)
-                if isinstance(record, FeedbackAck):
-                    if not apply_ack(state, record, now, self.cfg):
-                        out.stats["ledger.duplicate_acks"] += 1
-                elif isinstance(record, Tick):
-                    applied.final = applied.final or record.final
-                elif isinstance(record, CommitResume):
-                    ended = apply_resume(state, record)
-                    out.stats["ledger.holds_resumed"] += len(ended)
-                    for hold in ended:
-                        log.warning(
-                            "commits resumed for %s/%s by %s: %s",
-                            hold.agent_name,
-                            hold.model,
-                            record.requested_by or "an operator",
-                            record.reason or "no reason given",
-                        )
-                elif isinstance(record, RoutingOverride):
-                    change, ended = apply_override(state, record, now, self.cfg.rollout)
-                    out.stats["ledger.holds_resumed"] += len(ended)
-                    if change is not None:
-                        log.warning(
-                            "routing of %s %s by %s: share %.4g",
-                            change.agent_name,
-                            change.action,
-                            record.requested_by or "an operator",
-                            change.share,
-                        )
-                        out.emit("routing", change.agent_name.encode(), change)
-                else:
-                    raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
+                match env.open():
+                    case FeedbackAck() as ack:
+                        if not apply_ack(state, ack, now, self.cfg):
+                            out.stats["ledger.duplicate_acks"] += 1
+                    case Tick() as tick:
+                        applied.final = applied.final or tick.final
+                    case CommitResume() as resume:
+                        ended = apply_resume(state, resume)
+                        out.stats["ledger.holds_resumed"] += len(ended)
+                        for hold in ended:
+                            log.warning(
+                                "commits resumed for %s/%s by %s: %s",
+                                hold.agent_name,
+                                hold.model,
+                                resume.requested_by or "an operator",
+                                resume.reason or "no reason given",
+                            )
+                    case RoutingOverride() as override:
+                        change, ended = apply_override(state, override, now, self.cfg.rollout)
+                        out.stats["ledger.holds_resumed"] += len(ended)
+                        if change is not None:
+                            log.warning(
+                                "routing of %s %s by %s: share %.4g",
+                                change.agent_name,
+                                change.action,
+                                override.requested_by or "an operator",
+                                change.share,
+                            )
+                            out.emit("routing", change.agent_name.encode(), change)
+                    case other:
+                        raise misplaced(other, env.topic)
             except RecordError as exc:
-                reason = str(exc) or type(exc).__name__
-                out.reject(Reject(self.stage, reason, type(exc).__name__, src))
+                out.reject(Reject.of(self.stage, exc, env.source))
         return applied
 
     def decide(

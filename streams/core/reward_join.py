@@ -4,8 +4,9 @@
 :class:`~streams.models.AwaitingReward`: the trajectory, the user feedback seen so far, and
 since when it waits). The rules, in one place for the live worker and replay:
 
-- only ``<p>.trajectories`` carries trajectories and only ``<p>.ticks`` moves the clock: a
-  trajectory or a tick on ``<p>.user-feedback`` is a dead letter;
+- records come decoded at the edge (:mod:`streams.envelope`): only ``<p>.trajectories``
+  carries trajectories and only ``<p>.ticks`` moves the clock (a trajectory or a tick on
+  ``<p>.user-feedback`` is a dead letter there); the stage dispatches on the record's type;
 - a trajectory closed as abandoned or oversized is not scored unless ``score_incomplete``;
 - user feedback is attached by call_id, each ``event_id`` once, before or after the trajectory;
 - a reward function that ``wants_feedback`` waits up to ``feedback_grace`` from the
@@ -30,7 +31,7 @@ call_id, a :class:`~streams.models.StoredVerdict`), and two more rules:
   again (same ``requested_at``, prompt and hash): a redelivery means a crash or a hand-over,
   which may have lost the first request after the entry was stored; a second answer is then
   deduplicated by the verdict rule below;
-- a verdict (only from ``<p>.verdicts``) is stored unless one is stored already: **the first
+- a verdict (only ``<p>.verdicts`` carries them) is stored unless one is stored already: **the first
   verdict of a call wins**. A different second one (a duplicate request after a crash, asked
   again) is counted and the stored one is emitted again, so that the last record of the call on
   the compacted topic, the one compaction keeps and replay reads, is the one that was used. A
@@ -49,19 +50,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from ..codec import SchemaRegistry
+from ..envelope import Tombstone, misplaced
 from ..errors import RecordError, RewardError
 from ..models import (
     AwaitingReward,
     JudgeVerdict,
     RewardedTrajectory,
     StoredVerdict,
+    Tick,
     Trajectory,
     UserFeedback,
 )
 from .arms import trains
 from .assemble import check_key
 from .assembly import Deadlines, check_not_future, tick_time
-from .effects import Out, Reject, Source
+from .effects import Envelope, Out, Reject, Source
 from .judge import JudgeSpec
 from .rewards import Rewarder
 from .store import Store
@@ -111,20 +114,14 @@ class RewardJoin:
         abandon_after: timedelta,
         score_incomplete: bool,
         max_future: timedelta = timedelta(minutes=5),
-        trajectories_topic: str = "trajectories",
-        ticks_topic: str = "ticks",
         judge: JudgeSpec | None = None,
         verdicts: Store | None = None,
-        verdicts_topic: str = "verdicts",
         verdict_retention: timedelta = timedelta(hours=1),
     ) -> None:
         from ..errors import ConfigError
 
         if rewarder.needs_verdict and (judge is None or verdicts is None):
             raise ConfigError(NO_JUDGE)
-        self.trajectories_topic = trajectories_topic
-        self.ticks_topic = ticks_topic
-        self.verdicts_topic = verdicts_topic
         self.judge = judge
         self.verdicts = verdicts
         self.verdict_retention = verdict_retention
@@ -142,68 +139,41 @@ class RewardJoin:
         self._grace.clear()
         self._kept.clear()
 
-    def on_record(self, src: Source, now: datetime) -> RewardOut:
-        """One record of ``<p>.trajectories``, ``<p>.user-feedback`` or ``<p>.verdicts`` (or a
-        Tick)."""
+    def on_record(self, env: Envelope, now: datetime) -> RewardOut:
+        """One record, decoded at the edge: a Trajectory (of ``<p>.trajectories``, or handed
+        over in memory by replay), a UserFeedback, a JudgeVerdict (or a verdict's
+        :class:`~streams.envelope.Tombstone`), or a Tick (handed to :meth:`on_tick`)."""
         out = RewardOut()
         try:
-            if src.topic == self.verdicts_topic and not src.value and src.key:
-                self._forget(src.key, out)  # a tombstone: judge the call again when asked
-                return out
-            record = self.codec.decode(src.value)
-            at = tick_time(record, src.topic, self.ticks_topic, now, self.max_future)
-            if at is not None:
-                return self.on_tick(src.partition, at)
-            if src.topic == self.verdicts_topic:  # only verdicts, and verdicts only from here
-                if not isinstance(record, JudgeVerdict):
-                    raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
-                self._verdict(src, record, now, out)
-                return out
-            # a trajectory only from the assemble stage's topic: no input topic can inject one
-            wanted = Trajectory if src.topic == self.trajectories_topic else UserFeedback
-            if not isinstance(record, wanted):
-                raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
-            if isinstance(record, UserFeedback):
-                check_not_future("event_time", record.event_time, now, self.max_future)
-            self._join(src, record, now, out)
+            match env.open():
+                case Tick() as tick:
+                    return self.on_tick(env.partition, tick_time(tick, now, self.max_future))
+                case Tombstone():
+                    self._forget(env.key, out)  # judge the call again when asked
+                case JudgeVerdict() as verdict:
+                    self._verdict(env, verdict, now, out)
+                case Trajectory() as trajectory:
+                    # the stage's own copy, which it may attach feedback to
+                    own = trajectory.model_copy(update={"feedback": list(trajectory.feedback)})
+                    self._join(env, own, now, out)
+                case UserFeedback() as feedback:
+                    check_not_future("event_time", feedback.event_time, now, self.max_future)
+                    self._join(env, feedback, now, out)
+                case other:
+                    raise misplaced(other, env.topic)
         except RecordError as exc:
-            out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
-        return out
-
-    def on_trajectory(self, trajectory: Trajectory, partition: int, now: datetime) -> RewardOut:
-        """A trajectory handed over in memory (replay), as if read from ``<p>.trajectories``:
-        the object itself (a copy the stage may attach feedback to), not encoded and decoded
-        again; it came from the assemble stage, so it needs no validation."""
-        key = trajectory.call_id.encode()
-        src = Source(self.trajectories_topic, partition, -1, key, b"")
-        own = trajectory.model_copy(update={"feedback": list(trajectory.feedback)})
-        out = RewardOut()
-        try:
-            self._join(src, own, now, out)
-        except RecordError as exc:
-            out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
-        return out
-
-    def on_verdict(self, verdict: JudgeVerdict, partition: int, now: datetime) -> RewardOut:
-        """A verdict handed over in memory (replay's verdicts, asked after the range), as if
-        read from ``<p>.verdicts``: the object itself, not encoded and decoded again."""
-        src = Source(self.verdicts_topic, partition, -1, verdict.call_id.encode(), b"")
-        out = RewardOut()
-        try:
-            self._verdict(src, verdict, now, out)
-        except RecordError as exc:
-            out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
+            out.reject(Reject.of(self.stage, exc, env.source))
         return out
 
     def _join(
-        self, src: Source, record: Trajectory | UserFeedback, now: datetime, out: RewardOut
+        self, env: Envelope, record: Trajectory | UserFeedback, now: datetime, out: RewardOut
     ) -> None:
-        key = check_key(src, record.call_id)
+        key = check_key(env, record.call_id)
         raw = self.awaiting.get(key)
         if raw:
             entry = self.codec.decode_as(raw, AwaitingReward)
         else:
-            entry = AwaitingReward(call_id=record.call_id, partition=src.partition, since=now)
+            entry = AwaitingReward(call_id=record.call_id, partition=env.partition, since=now)
         if isinstance(record, UserFeedback):
             if all(f.event_id != record.event_id for f in entry.feedback):
                 entry.feedback.append(record)
@@ -231,11 +201,11 @@ class RewardJoin:
                     and not trajectory.feedback
                     and self.feedback_grace > timedelta(0)
                 )
-            if self._scored(key, entry, src, now, out):
+            if self._scored(key, entry, env.source, now, out):
                 return
         if not entry.ready and (not raw or entry.trajectory is record):
             # new entry, or its deadline changes
-            self._index(src.partition).set(key, entry.since + self._wait_limit(entry))
+            self._index(env.partition).set(key, entry.since + self._wait_limit(entry))
         self.awaiting.set(key, self.codec.encode(entry))
 
     def _scored(
@@ -270,8 +240,8 @@ class RewardJoin:
         request = self.judge.request(entry.trajectory, entry.judge_requested_at)
         out.emit("judge_requests", key, request)
 
-    def _forget(self, key: bytes, out: RewardOut) -> None:
-        if self.verdicts is not None and self.verdicts.get(key) is not None:
+    def _forget(self, key: bytes | None, out: RewardOut) -> None:
+        if key and self.verdicts is not None and self.verdicts.get(key) is not None:
             self.verdicts.delete(key)
             out.stats["verdicts.deleted"] += 1
 
@@ -279,10 +249,12 @@ class RewardJoin:
         raw = self.verdicts.get(key) if self.verdicts is not None else None
         return None if raw is None else self.codec.decode_as(raw, StoredVerdict)
 
-    def _verdict(self, src: Source, verdict: JudgeVerdict, now: datetime, out: RewardOut) -> None:
-        """A verdict from ``<p>.verdicts``: the first of a call is stored, and scores its
-        trajectory if that is ready."""
-        key = check_key(src, verdict.call_id)
+    def _verdict(
+        self, env: Envelope, verdict: JudgeVerdict, now: datetime, out: RewardOut
+    ) -> None:
+        """A verdict (from ``<p>.verdicts``, or handed over by replay): the first of a call is
+        stored, and scores its trajectory if that is ready."""
+        key = check_key(env, verdict.call_id)
         if self.verdicts is None:
             out.stats["verdicts.unused"] += 1  # this deployment's reward needs no judge
             return
@@ -294,9 +266,9 @@ class RewardJoin:
                 out.stats["verdicts.conflict"] += 1
                 out.emit("verdicts", key, stored.verdict)
             return
-        kept = StoredVerdict(partition=src.partition, stored_at=now, verdict=verdict)
+        kept = StoredVerdict(partition=env.partition, stored_at=now, verdict=verdict)
         self.verdicts.set(key, self.codec.encode(kept))
-        self._kept_index(src.partition).set(key, now + self.verdict_retention)
+        self._kept_index(env.partition).set(key, now + self.verdict_retention)
         out.stats["verdicts.stored"] += 1
         raw = self.awaiting.get(key)
         if raw is None:
@@ -389,8 +361,6 @@ class RewardJoin:
         # the payload is the trajectory (with its feedback): what a replay of the dead
         # letter needs, whichever record triggered the scoring
         payload = self.codec.encode(trajectory)
-        if src is not None and src.offset < 0:
-            src = None  # handed over in memory: no source position
         return Reject(stage or self.stage, reason, error, src, key=key, payload=payload)
 
     def _kept_index(self, partition: int) -> Deadlines:

@@ -51,18 +51,20 @@ from datetime import datetime, timedelta
 from typing import cast
 
 from ..codec import SchemaRegistry
+from ..envelope import misplaced
 from ..errors import RecordError, ValidationError
 from ..models import (
     AgentCall,
     Completion,
     HeldSpan,
     SpanLink,
+    Tick,
     TraceFragment,
     TraceHead,
     TraceSpan,
 )
 from .assembly import SEQ_SPACE, Deadlines, step_order, tick_time
-from .effects import Out, OutputTopic, Reject, Source
+from .effects import Envelope, Out, OutputTopic, Reject, Source
 from .store import Store
 
 __all__ = ["AGENT_EVENTS", "SpanLimits", "SpanResolver", "call_of"]
@@ -124,12 +126,10 @@ class SpanResolver:
         limits: SpanLimits,
         store: Store,
         codec: SchemaRegistry,
-        ticks_topic: str = "ticks",
     ) -> None:
         self.limits = limits
         self.store = store
         self.codec = codec
-        self.ticks_topic = ticks_topic
         self._due: dict[int, Deadlines] = {}
 
     def reset(self) -> None:
@@ -138,25 +138,26 @@ class SpanResolver:
 
     # -- records -------------------------------------------------------------------------------
 
-    def on_record(self, src: Source, now: datetime) -> Out:
-        """One record of ``<p>.spans`` (a TraceFragment, nothing else) or a Tick of the ticks
-        topic (handed to :meth:`on_tick`)."""
+    def on_record(self, env: Envelope, now: datetime) -> Out:
+        """One record, decoded at the edge: a TraceFragment of ``<p>.spans`` or a Tick of the
+        ticks topic (handed to :meth:`on_tick`)."""
         try:
-            record = self.codec.decode(src.value)
-            at = tick_time(record, src.topic, self.ticks_topic, now, self.limits.max_future)
-            if at is not None:
-                return self.on_tick(src.partition, at)
-            if not isinstance(record, TraceFragment):
-                raise RecordError(f"{record.avro_name} does not belong on {src.topic}")
-            if src.key != record.trace_id.encode():
-                raise ValidationError(
-                    f"record key {src.key!r} is not its trace_id {record.trace_id!r}: key every "
-                    "fragment by trace_id so a trace's spans meet on one partition"
-                )
-            return self.on_fragment(record, src.partition, now, src)
+            match env.open():
+                case Tick() as tick:
+                    return self.on_tick(env.partition, tick_time(tick, now, self.limits.max_future))
+                case TraceFragment() as fragment:
+                    if env.key != fragment.trace_id.encode():
+                        raise ValidationError(
+                            f"record key {env.key!r} is not its trace_id {fragment.trace_id!r}: "
+                            "key every fragment by trace_id so a trace's spans meet on one "
+                            "partition"
+                        )
+                    return self.on_fragment(fragment, env.partition, now, env.source)
+                case other:
+                    raise misplaced(other, env.topic)
         except RecordError as exc:
             out = Out()
-            out.reject(Reject(self.stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
+            out.reject(Reject.of(self.stage, exc, env.source))
             return out
 
     def on_fragment(

@@ -57,7 +57,7 @@ from mode.utils.times import want_seconds
 from ..codec import SchemaRegistry
 from ..core.assemble import Assembler
 from ..core.clock import wall_clock
-from ..core.effects import Out, Reject, Source, dead_letter
+from ..core.effects import Out, Reject, dead_letter
 from ..core.feedback import FeedbackRequest, deliver
 from ..core.judge import JudgeAnswerError
 from ..core.ledger import CommitPlan, is_held
@@ -68,6 +68,7 @@ from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
 from ..core.select import Strategy, build_strategy
+from ..envelope import Edge, Envelope, Source
 from ..errors import BrokerError, RecordError, TrinityError
 from ..io import kafka
 from ..io.judge import JudgeClient, judge, policy_of
@@ -112,8 +113,9 @@ PRODUCER_BATCH = 1 << 20  # bytes in one producer batch (per partition)
 
 
 def raw_input(app: faust.App, *topics: str) -> faust.TopicT:
-    """An agent's input topics as raw bytes: the stage decodes them (a record that cannot be
-    read is a dead letter, not a crash in Faust's deserializer)."""
+    """An agent's input topics as raw bytes: the runner opens them at its edge
+    (:class:`streams.envelope.Edge`; a record that cannot be read is a dead letter, not a crash
+    in Faust's deserializer)."""
     return app.topic(
         *topics, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
     )
@@ -153,6 +155,7 @@ class Pipeline:
         self.framing = framing  # a schema registry's wire format for what the worker writes
         self.bootstrap = bootstrap
         self.codec = codec or SchemaRegistry.default()
+        self.edge = Edge(self.codec)  # every record read is opened here, once
         self.topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
         self.strategy = strategy or build_strategy(
             settings.selection.strategy,
@@ -209,7 +212,6 @@ class Pipeline:
             pending=TableStore(self.pending),
             closed=TableStore(self.closed),
             codec=self.codec,
-            ticks_topic=self.topics.ticks,
         )
         self.reward_join = RewardJoin(
             self.rewarder,
@@ -219,11 +221,8 @@ class Pipeline:
             abandon_after=self.limits.abandon_after,
             score_incomplete=settings.reward.score_incomplete,
             max_future=self.limits.max_future,
-            trajectories_topic=self.topics.trajectories,
-            ticks_topic=self.topics.ticks,
             judge=self.judge_spec,
             verdicts=TableStore(self.verdicts) if self.verdicts is not None else None,
-            verdicts_topic=self.topics.verdicts,
             verdict_retention=timedelta(seconds=settings.reward.judge.keep_verdicts_s),
         )
         self.ledger_stage = LedgerStage(
@@ -437,10 +436,10 @@ class Pipeline:
         app: faust.App,
         stage: str,
         topics: tuple[str, ...],
-        step: Callable[[Source, datetime], Out],
+        step: Callable[[Envelope, datetime], Out],
     ) -> None:
-        """Mount agent ``stage`` on ``app``: ``step`` on each record of ``topics`` (raw bytes)
-        under the one guard (:meth:`_guard`), record by record."""
+        """Mount agent ``stage`` on ``app``: ``step`` on each record of ``topics`` (opened at
+        the edge) under the one guard (:meth:`_guard`), record by record."""
 
         async def agent(stream: faust.StreamT) -> None:
             async for event in stream.events():
@@ -448,11 +447,13 @@ class Pipeline:
 
         app.agent(raw_input(app, *topics), name=stage)(agent)
 
-    async def _guard(self, stage: str, event: Any, step: Callable[[Source, datetime], Out]) -> None:
+    async def _guard(
+        self, stage: str, event: Any, step: Callable[[Envelope, datetime], Out]
+    ) -> None:
         """Run one stage step on a record and send what it decided."""
 
-        async def run(src: Source) -> Out:
-            return step(src, wall_clock())
+        async def run(env: Envelope) -> Out:
+            return step(env, wall_clock())
 
         await self._guarded(stage, source_of(event), run)
 
@@ -460,25 +461,26 @@ class Pipeline:
         self,
         stage: str,
         src: Source,
-        run: Callable[[Source], Awaitable[Out]],
+        run: Callable[[Envelope], Awaitable[Out]],
         *,
         expected: tuple[type[Exception], ...] = (),
         count: bool = True,
     ) -> Out:
-        """The one guard of every stage: run it on a record and send what it decided; anything
-        it could not handle becomes a dead letter of ``stage``, never a crash (logged with its
-        traceback unless it is one of the ``expected`` errors, which say all in their reason)."""
+        """The one guard of every stage: open the record at the edge, run the stage on it and
+        send what it decided; anything it could not handle becomes a dead letter of ``stage``,
+        never a crash (logged with its traceback unless it is one of the ``expected`` errors,
+        which say all in their reason)."""
         if count:
             self.metrics.event_in(src.topic)
         try:
-            out = await run(src)
+            out = await run(self.edge.read(src))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if not isinstance(exc, expected):
                 log.exception("%s: unexpected error on %s", stage, src.where())
             out = Out()
-            out.reject(Reject(stage, str(exc) or type(exc).__name__, type(exc).__name__, src))
+            out.reject(Reject.of(stage, exc, src))
         await self._send(out)
         return out
 
@@ -542,9 +544,10 @@ class Pipeline:
             while len(self._judged) > JUDGED_REMEMBERED:
                 self._judged.popitem(last=False)
 
-    async def _judge_step(self, src: Source) -> Out:
+    async def _judge_step(self, env: Envelope) -> Out:
         out = Out()
-        request = self.codec.decode_as(src.value, JudgeRequest)
+        request = env.open()
+        assert isinstance(request, JudgeRequest)  # the edge lets nothing else through
         if request.call_id in self._judged:
             # made again for a redelivered trajectory; this process answered it already,
             # and the reward stage reads that verdict (after a restart it is asked again,
@@ -600,8 +603,9 @@ class Pipeline:
             raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
         return tries
 
-    async def _feedback(self, src: Source) -> Out:
-        rewarded = self.codec.decode_as(src.value, RewardedTrajectory)
+    async def _feedback(self, env: Envelope) -> Out:
+        rewarded = env.open()
+        assert isinstance(rewarded, RewardedTrajectory)  # the edge lets nothing else through
         started = time.monotonic()
         ack = await deliver(rewarded, self.send_feedback, utcnow)
         self.stats["feedback.acked"] += 1
@@ -617,10 +621,10 @@ class Pipeline:
         one sequence, :func:`~streams.core.ledger_batch.run_batch`)."""
         for e in events:
             self.metrics.event_in(e.message.topic)
-        sources = [source_of(e) for e in events]
+        envelopes = [self.edge.read(source_of(e)) for e in events]
 
-        async def read(state: LedgerState) -> list[Source]:
-            return sources
+        async def read(state: LedgerState) -> list[Envelope]:
+            return envelopes
 
         async with self._ledger_lock:
             batch = await run_batch(self.ledger_stage, self, read, utcnow)
@@ -687,7 +691,7 @@ class Pipeline:
         if not (self.ledger_stage.exists() or self._ledger_restored):
             return
 
-        async def read(state: LedgerState) -> list[Source]:
+        async def read(state: LedgerState) -> list[Envelope]:
             # the consumer stopped before this signal: acknowledgements already on the
             # ledger that the ledger agent had not taken are applied here (each offset
             # once, so the next owner skips them), so that the final commit counts them
@@ -709,7 +713,7 @@ class Pipeline:
             except Exception:  # the stop goes on; the next owner commits the batch
                 log.exception("final commit failed")
 
-    async def _unread_ledger(self, applied_offset: int) -> list[Source]:
+    async def _unread_ledger(self, applied_offset: int) -> list[Envelope]:
         """The records on ``<p>.ledger`` after ``applied_offset`` (once the producer has sent
         what this worker wrote); none when they cannot be read within UNREAD_LEDGER_S: the next
         owner of the ledger applies them then."""
@@ -730,7 +734,7 @@ class Pipeline:
             return []
         finally:
             await reader.stop()
-        return [Source.read(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
+        return [self.edge.open(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
 
 
 class ObservedTrinity:

@@ -30,6 +30,7 @@ from ..core.feedback import FeedbackRequest, deliver
 from ..core.judge import failed_verdict
 from ..core.ledger import LedgerConfig
 from ..core.retry import RetryPolicy
+from ..envelope import Edge, Envelope
 from ..errors import BrokerError, ConfigError, TrinityError, TrinityRejected
 from ..export.dataset import EXPORT_SCHEMA_VERSION
 from ..export.redact import Redactor
@@ -187,7 +188,7 @@ class Replayed:
     commit ledger (None: it never committed)."""
 
     acknowledged: set[str] = field(default_factory=set)
-    uncommitted: list[bytes] = field(default_factory=list)
+    uncommitted: list[Envelope] = field(default_factory=list)
     ledger: LedgerState | None = None
 
 
@@ -205,7 +206,11 @@ async def read_replayed(
     key = ledger_key(rid)
     ledgers = [m.value for m in messages if m.key == key and m.value]
     ledger = codec.decode_as(ledgers[-1], LedgerState) if ledgers else None
-    uncommitted = uncommitted_acks(((m.key, m.value) for m in messages), rid)
+    edge = Edge(codec)
+    uncommitted = [
+        edge.open(topic, 0, -1, None, value)
+        for value in uncommitted_acks(((m.key, m.value) for m in messages), rid)
+    ]
     return Replayed(acknowledged, uncommitted, ledger)
 
 
@@ -292,9 +297,7 @@ async def send_to_trinity(
 
     await producer.start()
     try:
-        backfill = Backfill(
-            cfg, Port(), codec=codec, state=replayed.ledger, topic=topic, clock=utcnow
-        )
+        backfill = Backfill(cfg, Port(), codec=codec, state=replayed.ledger, clock=utcnow)
         # an earlier run stopped between writing its commit ahead and recording it, or with
         # acknowledgements it did not commit: resolved, and carried by the next commit
         await backfill.resume(replayed.uncommitted)
@@ -321,10 +324,9 @@ async def send_to_trinity(
                     bar.advance(task)
                     continue
                 result.acked += 1
-                value = codec.encode(ack)
                 key = ack_key(rid, rewarded.trajectory_id)
-                in_flight.append(await producer.send(topic, key=key, value=value))
-                await backfill.acked(value)
+                in_flight.append(await producer.send(topic, key=key, value=codec.encode(ack)))
+                await backfill.acked(ack)
                 bar.advance(task)
             await backfill.close()
         await asyncio.gather(*in_flight)

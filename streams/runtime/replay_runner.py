@@ -1,5 +1,7 @@
 """The in-memory runner of replay: the live worker's assemble and reward stages over memory
-stores, record time as the clock (:class:`ReplayRunner`), fed :class:`SourceRecord`\\ s.
+stores, record time as the clock (:class:`ReplayRunner`), fed :class:`SourceRecord`\\ s, each
+opened once at the edge (:class:`streams.envelope.Edge`); what one stage makes for the next (a
+trajectory, a verdict) is handed over as the object, not encoded again.
 
 May import: the core, the top-level modules. Not :mod:`streams.io` (the driver,
 :mod:`streams.runtime.replay`, reads and sends).
@@ -21,13 +23,14 @@ from ..core.backfill import (
     Outcome,
 )
 from ..core.clock import RecordClock
-from ..core.effects import Out, Reject, Source
+from ..core.effects import Out, Reject
 from ..core.judge import JudgeSpec
 from ..core.reward_join import NOTHING_TRAINABLE, RewardJoin, RewardOut
 from ..core.rewards import Rewarder
 from ..core.select import Strategy
 from ..core.store import MemoryStore
-from ..errors import ConfigError, RecordError
+from ..envelope import Edge, Envelope
+from ..errors import ConfigError
 from ..models import (
     JudgeRequest,
     JudgeVerdict,
@@ -103,6 +106,7 @@ class ReplayRunner:
         self.limits = limits or Limits()
         self.since = since
         self.codec = codec or SchemaRegistry.default()
+        self.edge = Edge(self.codec)
         self.topics = topics or Topics("trajstream", 1)
         self.assembler = Assembler(
             strategy,
@@ -111,7 +115,6 @@ class ReplayRunner:
             pending=MemoryStore(),
             closed=MemoryStore(),
             codec=self.codec,
-            ticks_topic=self.topics.ticks,
         )
         self.joins = [
             RewardJoin(
@@ -122,11 +125,8 @@ class ReplayRunner:
                 abandon_after=self.limits.abandon_after,
                 score_incomplete=score_incomplete,
                 max_future=self.limits.max_future,
-                trajectories_topic=self.topics.trajectories,
-                ticks_topic=self.topics.ticks,
                 judge=judge,
                 verdicts=MemoryStore() if judge is not None else None,
-                verdicts_topic=self.topics.verdicts,
             )
             for rewarder in self.rewarders
         ]
@@ -161,17 +161,19 @@ class ReplayRunner:
         now = self.clock.advance(partition, record.timestamp)
         self._tick(partition, now)
         topic = self.topics.agent_events if record.kind == "event" else self.topics.user_feedback
-        src = Source.read(topic, partition, record.offset, record.key, record.value)
+        env = self.edge.open(topic, partition, record.offset, record.key, record.value)
         if record.kind == "event":
-            self._assembled(self.assembler.on_record(src, now), now)
+            self._assembled(self.assembler.on_record(env, now), now)
             return
-        usable = True
+        usable = env.problem is None
         for index, join in enumerate(self.joins):
-            out = join.on_record(src, now)
-            usable = usable and not any(r.source is src and r.payload is None for r in out.rejects)
+            out = join.on_record(env, now)
+            usable = usable and not any(
+                r.source is env.source and r.payload is None for r in out.rejects
+            )
             self._joined(index, out, count=index == 0)
-        if usable:
-            self._remember_feedback(record.value)
+        if usable and isinstance(env.record, UserFeedback):
+            self._remember_feedback(env.record)
 
     def feed_all(self, records: Iterable[SourceRecord]) -> None:
         for record in records:
@@ -187,9 +189,9 @@ class ReplayRunner:
             if value:  # a tombstone deletes the call's verdict: it is judged again
                 last[key] = (partition, value)
         for offset, (key, (partition, value)) in enumerate(last.items()):
-            src = Source(self.topics.verdicts, partition, offset, key, value)
+            env = self.edge.open(self.topics.verdicts, partition, offset, key, value)
             for index, join in enumerate(self.joins):
-                out = join.on_record(src, VERDICTS_LOADED_AT)
+                out = join.on_record(env, VERDICTS_LOADED_AT)
                 self._joined(index, out, count=index == 0)
             self.stats["judge.verdicts_stored"] += 1
 
@@ -207,8 +209,9 @@ class ReplayRunner:
             outcome = self._by_call.get(verdict.call_id)
             partition = outcome.partition if outcome is not None else -1
             now = self.clock.at.get(partition, VERDICTS_LOADED_AT)
+            env = Envelope.handed(verdict, partition, verdict.call_id.encode())
             for index, join in enumerate(self.joins):  # in memory: not encoded again
-                self._joined(index, join.on_verdict(verdict, partition, now), count=index == 0)
+                self._joined(index, join.on_record(env, now), count=index == 0)
 
     def finish(self, until: datetime | None = None) -> None:
         """End of the range: move the clocks to ``until`` (closing what the live workers would
@@ -272,9 +275,10 @@ class ReplayRunner:
             self.outcomes.append(outcome)
             self._by_call[trajectory.call_id] = outcome
             self.stats["trajectories"] += 1
+            # handed over as the object: the reward stage takes its own copy
+            env = Envelope.handed(trajectory, partition, emit.key)
             for index, join in enumerate(self.joins):
-                out = join.on_trajectory(trajectory, partition, now)
-                self._joined(index, out, count=index == 0)
+                self._joined(index, join.on_record(env, now), count=index == 0)
 
     def _joined(self, index: int, out: RewardOut, *, count: bool) -> None:
         if count:
@@ -321,12 +325,8 @@ class ReplayRunner:
         self.stats["records.invalid"] += 1
         self.invalid[reject.reason] += 1
 
-    def _remember_feedback(self, value: bytes) -> None:
+    def _remember_feedback(self, fb: UserFeedback) -> None:
         """Every user feedback of a call, also after scoring, for the exports' preference pairs."""
-        try:
-            fb = self.codec.decode_as(value, UserFeedback)
-        except RecordError:
-            return
         known = self._feedback.setdefault(fb.call_id, [])
         if any(f.event_id == fb.event_id for f in known):
             self.stats["feedback.duplicate"] += 1

@@ -28,7 +28,7 @@ from ..settings import Settings
 
 if TYPE_CHECKING:
     from ..codec import SchemaRegistry
-    from ..core.effects import Out, Source
+    from ..core.effects import Envelope, Out
     from ..topics import Topics
 
 
@@ -45,7 +45,7 @@ class Pipeline(Protocol):
         app: faust.App,
         stage: str,
         topics: tuple[str, ...],
-        step: Callable[[Source, datetime], Out],
+        step: Callable[[Envelope, datetime], Out],
     ) -> None: ...
 
 __all__ = ["install", "span_limits_of"]
@@ -77,7 +77,6 @@ def install(
         limits=span_limits_of(pipeline.settings),
         store=TableStore(traces),
         codec=pipeline.codec,
-        ticks_topic=t.ticks,
     )
 
     pipeline.guarded_agent(app, "spans", (t.spans, t.ticks), resolver.on_record)

@@ -33,9 +33,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from streams.codec import SchemaRegistry
-from streams.core.effects import Source
 from streams.core.spans import AGENT_EVENTS, SpanLimits, SpanResolver
 from streams.core.store import MemoryStore
+from streams.envelope import Edge
 from streams.io.kafka import create_topics
 from streams.models import AgentCall, Completion, TraceFragment, TraceHead, Trajectory, utcnow
 from streams.standin import StandIn
@@ -249,7 +249,7 @@ async def test_the_trace_mode_ingest_publishes_fragments_that_resolve_to_one_cal
     core = Core()
     now = utcnow()
     for partition, offset, key, value in sorted(fragments, key=lambda f: f[1]):
-        out = resolver.on_record(Source(topics.spans, partition, offset, key, value), now)
+        out = resolver.on_record(Edge(codec).open(topics.spans, partition, offset, key, value), now)
         for emit in out.emits:
             assert emit.topic == AGENT_EVENTS
             core.event(emit.record, now, key=emit.key)

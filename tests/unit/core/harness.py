@@ -15,16 +15,18 @@ from typing import Any
 from streams.codec import SchemaRegistry
 from streams.core.assemble import Assembler
 from streams.core.assembly import Limits
-from streams.core.effects import Out, Source
+from streams.core.effects import Envelope, Out, Source
 from streams.core.judge import JudgeSpec
 from streams.core.reward_join import RewardJoin, RewardOut, Scored
 from streams.core.rewards import Rewarder, build_rewarder
 from streams.core.select import Strategy, build_strategy
 from streams.core.store import MemoryStore
+from streams.envelope import Edge
 from streams.errors import TrinityRejected, TrinityUnavailable
 from streams.models import AvroModel, Tick, Trajectory
 
 CODEC = SchemaRegistry.default()
+EDGE = Edge(CODEC)
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -67,12 +69,13 @@ class Core:
         self.scored: list[Scored] = []  # every scoring of the reward stage, in order
         self._offset = 0
 
-    def source(self, topic: str, record: AvroModel, key: bytes | None = None) -> Source:
+    def source(self, topic: str, record: AvroModel, key: bytes | None = None) -> Envelope:
+        """The record as read from ``topic``, opened at the edge as a runner does."""
         self._offset += 1
         call_id = getattr(record, "call_id", None)
         if key is None and call_id is not None:
             key = call_id.encode()
-        return Source(topic, 0, self._offset, key, CODEC.encode(record))
+        return EDGE.read(Source(topic, 0, self._offset, key, CODEC.encode(record)))
 
     def event(self, record: AvroModel, now: datetime, key: bytes | None = None) -> Out:
         """An agent event read at ``now``; its trajectory, if any, goes on to the reward stage."""

@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import pytest
 
+from streams.core.effects import Source
 from streams.models import SelectionDecision, Trajectory
-from tests.unit.core.harness import Core, tick_record
+from tests.unit.core.harness import EDGE, Core, tick_record
 from tests.unit.factories import at, end, feedback, start, step
 
 
@@ -90,7 +91,7 @@ def test_bad_records_are_dead_letters_of_the_stage(record, key, reason: str) -> 
 def test_undecodable_bytes_are_a_dead_letter_not_an_exception() -> None:
     core = Core()
     src = core.source("agent-events", start())
-    broken = type(src)(src.topic, 0, 9, b"call-1", b"\x00garbage")
+    broken = EDGE.read(Source(src.topic or "", 0, 9, b"call-1", b"\x00garbage"))
     out = core.assembler.on_record(broken, at(0))
     assert [r.stage for r in out.rejects] == ["assemble"]
 

@@ -20,7 +20,7 @@ from streams.models import ChatMessage, SelectionDecision, Trajectory
 from streams.settings import RECORD_HEADROOM, load_settings
 from tests.unit.factories import T0, at, end, feedback, start, step
 
-from .harness import CODEC, Core, tick_record
+from .harness import CODEC, EDGE, Core, tick_record
 
 FAR = T0 + timedelta(days=365 * 70)
 
@@ -120,7 +120,7 @@ def test_a_tombstone_on_an_input_topic_is_a_dead_letter_with_its_reason(
     read = core.source(topic, record)
     src = Source.read(read.topic, read.partition, read.offset, key, None)
     stage = core.join if topic == "user-feedback" else core.assembler
-    out = stage.on_record(src, T0)
+    out = stage.on_record(EDGE.read(src), T0)
     [reject] = out.rejects
     assert "tombstone" in reject.reason and not out.emits
     letter = dead_letter(reject, T0, "w", "t", max_payload=1000)

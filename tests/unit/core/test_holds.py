@@ -16,7 +16,7 @@ from streams.core.ledger import LedgerConfig, is_held
 from streams.core.ledger_stage import LedgerStage
 from streams.core.store import MemoryStore
 from streams.models import AvroModel, CommitRecord, CommitResume, LedgerState
-from tests.unit.core.harness import CODEC, Core, ScriptedTrinity, m
+from tests.unit.core.harness import CODEC, EDGE, Core, ScriptedTrinity, m
 from tests.unit.factories import ack, at
 
 WINDOW = 10
@@ -45,7 +45,7 @@ class Ledger:
     def feed(self, record: AvroModel, now: float) -> LedgerState:
         state = self.stage.load()
         self.offset = max(self.offset, state.applied_offset) + 1
-        src = Source("ledger", 0, self.offset, None, CODEC.encode(record))
+        src = EDGE.read(Source("ledger", 0, self.offset, None, CODEC.encode(record)))
         self.stage.apply(state, [src], at(now))
         out, _ = self.stage.decide(state, at(now), final=False)
         self.alerts += len(out.records("alerts"))
@@ -182,7 +182,7 @@ def test_a_redelivered_resume_is_applied_once() -> None:
     for i, mean in enumerate([1.0, 1.0, 0.2, 0.0]):
         ledger.window(i, mean)
     state = ledger.stage.load()
-    src = Source("ledger", 0, state.applied_offset + 1, None, CODEC.encode(resume()))
+    src = EDGE.read(Source("ledger", 0, state.applied_offset + 1, None, CODEC.encode(resume())))
     applied = ledger.stage.apply(state, [src, src], at(600))
     assert applied.out.stats["ledger.holds_resumed"] == 1
     assert applied.out.stats["ledger.reapplied"] == 1

@@ -29,7 +29,7 @@ from streams.models import (
     StoredVerdict,
     Trajectory,
 )
-from tests.unit.core.harness import CODEC, Core
+from tests.unit.core.harness import CODEC, EDGE, Core
 from tests.unit.factories import at, end, feedback, start, step, trajectory
 
 SPEC = JudgeSpec(model="judge-1", rubric="Score the answer from 0 to 1.")
@@ -368,7 +368,7 @@ def test_a_tombstone_on_the_verdicts_topic_forgets_the_verdict() -> None:
 
     core = judged()
     core.verdict(the_verdict(0.7), at(0))
-    out = core.join.on_record(Source("verdicts", 0, 9, b"call-1", b""), at(1))
+    out = core.join.on_record(EDGE.read(Source("verdicts", 0, 9, b"call-1", b"")), at(1))
     assert out.stats["verdicts.deleted"] == 1 and out.rejects == []
     assert core.verdicts.get(b"call-1") is None
     run_call(core)

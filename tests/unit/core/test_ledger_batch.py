@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from streams.core.commits import CommitPort
-from streams.core.effects import Out, Source
+from streams.core.effects import Envelope, Out
 from streams.core.ledger import CommitPlan, LedgerConfig
 from streams.core.ledger_batch import run_batch
 from streams.core.ledger_stage import LedgerStage
@@ -16,7 +16,7 @@ from streams.core.store import MemoryStore
 from streams.models import CommitRecord, LedgerState, Tick
 from tests.unit.factories import T0, ack
 
-from .harness import CODEC, DOWN, ScriptedTrinity, m
+from .harness import CODEC, DOWN, EDGE, ScriptedTrinity, m
 
 CFG = LedgerConfig(interval=timedelta(seconds=60), window=timedelta(seconds=60))
 
@@ -45,12 +45,14 @@ class Port:
         self.records.append((record, plan))
 
 
-def _sources(*records: Any, first: int = 0) -> list[Source]:
-    return [Source("p.ledger", 0, first + i, None, CODEC.encode(r)) for i, r in enumerate(records)]
+def _sources(*records: Any, first: int = 0) -> list[Envelope]:
+    return [
+        EDGE.open("p.ledger", 0, first + i, None, CODEC.encode(r)) for i, r in enumerate(records)
+    ]
 
 
-def _run(stage: LedgerStage, port: Port, sources: list[Source], seconds: float, **kw: Any):
-    async def read(state: LedgerState) -> list[Source]:
+def _run(stage: LedgerStage, port: Port, sources: list[Envelope], seconds: float, **kw: Any):
+    async def read(state: LedgerState) -> list[Envelope]:
         return [s for s in sources if s.offset > state.applied_offset]
 
     return asyncio.run(run_batch(stage, port, read, lambda: T0 + timedelta(seconds=seconds), **kw))

@@ -15,7 +15,7 @@ from streams.codec import MAGIC
 from streams.core.pending import OpenCalls, entry_key, is_head_key
 from streams.core.store import MemoryStore
 from streams.models import AgentCall, Completion, PendingEvents, SelectionDecision, Trajectory
-from tests.unit.core.harness import CODEC, Core
+from tests.unit.core.harness import CODEC, EDGE, Core
 from tests.unit.factories import at, end, start, step
 
 
@@ -177,11 +177,10 @@ def test_an_event_whose_step_failed_is_applied_when_redelivered() -> None:
 
 
 def test_after_a_reset_one_pass_over_the_store_rebuilds_every_partitions_deadlines() -> None:
-    from streams.core.effects import Source
 
     core = Core()
     for offset, (partition, call_id) in enumerate(((0, "call-a"), (1, "call-b"), (1, "call-c"))):
-        src = Source(
+        src = EDGE.open(
             "agent-events", partition, offset, call_id.encode(), CODEC.encode(start(call_id))
         )
         core.assembler.on_record(src, at(0))

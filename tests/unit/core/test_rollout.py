@@ -14,7 +14,6 @@ from datetime import timedelta
 import pytest
 
 from streams.core.compare import CompareConfig
-from streams.core.effects import Source
 from streams.core.ledger import LedgerConfig, due_commit, held_commit
 from streams.core.ledger_stage import LedgerStage
 from streams.core.rollout import RolloutConfig, decide_rollout
@@ -30,7 +29,7 @@ from streams.models import (
     WindowSummary,
 )
 from streams.observe.policy import replay_decisions
-from tests.unit.core.harness import CODEC
+from tests.unit.core.harness import CODEC, EDGE
 from tests.unit.factories import at, comparison, rewarded
 
 WINDOW = 60
@@ -61,7 +60,7 @@ class Ledger:
         state = self.stage.load()
         first = state.applied_offset + 1
         batch = [
-            Source("ledger", 0, first + i, None, CODEC.encode(r)) for i, r in enumerate(records)
+            EDGE.open("ledger", 0, first + i, None, CODEC.encode(r)) for i, r in enumerate(records)
         ]
         applied = self.stage.apply(state, batch, at(now))
         out, _ = self.stage.decide(state, at(now), final=False)

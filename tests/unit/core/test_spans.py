@@ -31,7 +31,7 @@ from streams.models import (
     Trajectory,
 )
 from tests.unit.capture.sdk_traces import agent_run, export
-from tests.unit.core.harness import CODEC, Core
+from tests.unit.core.harness import CODEC, EDGE, Core
 from tests.unit.factories import T0
 
 LIMITS = SpanLimits(
@@ -59,8 +59,8 @@ class Pipeline:
         out = Out()
         for fragment in self.fragments(spans, now):
             self._offset += 1
-            src = Source(
-                "spans", 0, self._offset, fragment.trace_id.encode(), CODEC.encode(fragment)
+            src = EDGE.read(
+                Source("spans", 0, self._offset, fragment.trace_id.encode(), CODEC.encode(fragment))
             )
             out.extend(self._take(self.resolver.on_record(src, now), now))
         return out
@@ -378,25 +378,25 @@ def test_bad_records_on_the_spans_topic_are_dead_letters_and_ticks_move_the_cloc
     run = agent_run()
     (fragment,) = fragment_request(export(run.spans), NOW).fragments
     resolver = SpanResolver(limits=LIMITS, store=MemoryStore(), codec=CODEC)
-    wrong_key = resolver.on_record(Source("spans", 0, 1, b"other", CODEC.encode(fragment)), NOW)
+    wrong_key = resolver.on_record(EDGE.open("spans", 0, 1, b"other", CODEC.encode(fragment)), NOW)
     (reject,) = wrong_key.rejects
     assert "is not its trace_id" in reject.reason and reject.stage == "spans"
     step = fragment.spans[0].step
     assert step is not None
-    wrong_type = resolver.on_record(Source("spans", 0, 2, b"k", CODEC.encode(step)), NOW)
+    wrong_type = resolver.on_record(EDGE.read(Source("spans", 0, 2, b"k", CODEC.encode(step))), NOW)
     assert "does not belong on spans" in wrong_type.rejects[0].reason
-    garbage = resolver.on_record(Source("spans", 0, 3, b"k", b"\x00garbage"), NOW)
+    garbage = resolver.on_record(EDGE.read(Source("spans", 0, 3, b"k", b"\x00garbage")), NOW)
     assert garbage.rejects and garbage.rejects[0].stage == "spans"
     ok = resolver.on_record(
-        Source("spans", 0, 4, fragment.trace_id.encode(), CODEC.encode(fragment)), NOW
+        EDGE.read(Source("spans", 0, 4, fragment.trace_id.encode(), CODEC.encode(fragment))), NOW
     )
     assert len(ok.records(AGENT_EVENTS)) == 4  # START and three steps; the END waits
     tick = Tick(at=NOW + timedelta(seconds=6), source="test")
-    ended = resolver.on_record(Source("ticks", 0, 5, None, CODEC.encode(tick)), NOW)
+    ended = resolver.on_record(EDGE.read(Source("ticks", 0, 5, None, CODEC.encode(tick))), NOW)
     (end,) = ended.records(AGENT_EVENTS)
     assert isinstance(end, AgentCall) and end.phase is CallPhase.END
     future = Tick(at=NOW + timedelta(hours=1), source="test")
-    assert resolver.on_record(Source("ticks", 0, 6, None, CODEC.encode(future)), NOW).rejects
+    assert resolver.on_record(EDGE.open("ticks", 0, 6, None, CODEC.encode(future)), NOW).rejects
 
 
 def test_the_ingest_publishes_every_span_with_its_link_and_records() -> None:

@@ -420,15 +420,13 @@ def backfill_commits(settings: Settings, acks: list[bytes]) -> list[CommitRecord
             pass
 
     cfg = backfill_config(ledger_config_of(settings), None, settings.commit.interval_s)
-    backfill = Backfill(
-        cfg, Port(), codec=CODEC, state=None, topic="p.replayed", clock=lambda: clock["now"]
-    )
+    backfill = Backfill(cfg, Port(), codec=CODEC, state=None, clock=lambda: clock["now"])
 
     async def main() -> None:
         await backfill.resume()
         for i, value in enumerate(acks):
             clock["now"] = at(i * ACK_EVERY_S)
-            await backfill.acked(value)
+            await backfill.acked(CODEC.decode_as(value, FeedbackAck))
         clock["now"] = at(len(acks) * ACK_EVERY_S + END_AFTER_S)
         await backfill.close()
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from streams.codec import SchemaRegistry
-from streams.core.effects import Source
+from streams.core.effects import Envelope
 from streams.models import CommitRecord
 from streams.runtime.live import Pipeline
 from streams.settings import load_settings
@@ -44,12 +44,12 @@ def stopping(monkeypatch: pytest.MonkeyPatch, acks: int) -> tuple[Pipeline, Trin
     p = Pipeline(settings, bootstrap="127.0.0.1:9")
     codec = SchemaRegistry.default()
     unread = [
-        Source.read(p.topics.ledger, 0, i, f"t{i}".encode(), codec.encode(ack(f"t{i}")))
+        p.edge.open(p.topics.ledger, 0, i, f"t{i}".encode(), codec.encode(ack(f"t{i}")))
         for i in range(acks)
     ]
     trinity, recorded = Trinity(), []
 
-    async def read_unread(applied_offset: int) -> list[Source]:
+    async def read_unread(applied_offset: int) -> list[Envelope]:
         return [s for s in unread if s.offset > applied_offset]
 
     async def nothing(*_: Any) -> None:

@@ -22,6 +22,7 @@ from streams.core.backfill import Backfill, backfill_config
 from streams.core.ledger import CommitPlan, LedgerConfig
 from streams.core.rewards import Rewarder, build_rewarder, success, user_rating
 from streams.core.select import SamplingRate, build_strategy
+from streams.envelope import Edge
 from streams.errors import ConfigError, ReplayError, TrinityUnavailable
 from streams.export.redact import Redactor
 from streams.models import (
@@ -453,9 +454,7 @@ def backfill(
     clock = {"now": T0}
     port = BackfillPort(ScriptedTrinity(metrics or [m(i, 10 * (i + 1)) for i in range(40)]))
     cfg = backfill_config(LedgerConfig(), every, interval_s)
-    b = Backfill(
-        cfg, port, codec=CODEC, state=state, topic="p.replayed", clock=lambda: clock["now"]
-    )
+    b = Backfill(cfg, port, codec=CODEC, state=state, clock=lambda: clock["now"])
     return b, port, clock
 
 
@@ -465,7 +464,7 @@ def test_a_backfill_commits_every_n_acknowledged_and_what_is_left_at_the_end() -
     async def run() -> None:
         await b.resume()
         for i in range(7):
-            await b.acked(CODEC.encode(ack(f"t{i}", reward=i / 10)))
+            await b.acked(ack(f"t{i}", reward=i / 10))
         await b.close()
 
     asyncio.run(run())
@@ -486,12 +485,12 @@ def test_a_backfill_commits_when_its_interval_ends_and_never_empty() -> None:
 
     async def run() -> None:
         await b.resume()
-        await b.acked(CODEC.encode(ack("a")))
+        await b.acked(ack("a"))
         clock["now"] = T0 + timedelta(seconds=9.9)
-        await b.acked(CODEC.encode(ack("b")))
+        await b.acked(ack("b"))
         assert not b.records  # the interval the batch started in has not ended
         clock["now"] = T0 + timedelta(seconds=10)
-        await b.acked(CODEC.encode(ack("c")))
+        await b.acked(ack("c"))
         await b.close()
         await b.close()  # nothing left: no empty commit
 
@@ -502,7 +501,10 @@ def test_a_backfill_commits_when_its_interval_ends_and_never_empty() -> None:
 def test_a_backfill_resumes_an_interrupted_run() -> None:
     # acknowledged after the last commit, not committed: carried by the next commit
     b, _, _ = backfill(every=10)
-    uncommitted = [CODEC.encode(ack("x", reward=1.0)), CODEC.encode(ack("y", reward=0.0))]
+    uncommitted = [  # as read from <p>.replayed, opened at the edge
+        Edge(CODEC).open("p.replayed", 0, i, None, CODEC.encode(a))
+        for i, a in enumerate([ack("x", reward=1.0), ack("y", reward=0.0)])
+    ]
 
     async def resume_then_close(b: Backfill) -> None:
         await b.resume(uncommitted)
@@ -536,7 +538,7 @@ def test_a_backfill_that_trinity_fails_stops_with_a_replay_error() -> None:
 
     async def run() -> None:
         await b.resume()
-        await b.acked(CODEC.encode(ack("a")))
+        await b.acked(ack("a"))
 
     with pytest.raises(ReplayError, match="re-run the replay"):
         asyncio.run(run())
