@@ -38,6 +38,7 @@ from ..models import (
     SelectionDecision,
     Tick,
 )
+from ..state_codec import StateCodec, is_head_key
 from .assembly import (
     Applied,
     Deadlines,
@@ -51,7 +52,7 @@ from .assembly import (
     view_of,
 )
 from .effects import Envelope, Out, Reject, Source
-from .pending import OpenCall, OpenCalls, is_head_key
+from .pending import OpenCall, OpenCalls
 from .select import Strategy
 from .store import Store
 
@@ -89,6 +90,7 @@ class Assembler:
         self.late_retention = late_retention
         self.closed = closed
         self.codec = codec
+        self.stored = StateCodec(codec)
         self.open = OpenCalls(pending, codec)
         self._abandon: dict[int, Deadlines] = {}
         self._forget: dict[int, Deadlines] = {}
@@ -135,7 +137,7 @@ class Assembler:
         closed = self.closed.get(key)
         if closed is not None:
             out.stats["events.late"] += 1
-            out.reject(self._late(env.source, self.codec.decode_as(closed, ClosedCall)))
+            out.reject(self._late(env.source, self.stored.load(closed, ClosedCall)))
             return
         try:
             self._apply(key, env, record, now, out)
@@ -224,7 +226,7 @@ class Assembler:
         self._index(self._abandon, state.partition).discard(key)
         self.closed.set(
             key,
-            self.codec.encode(
+            self.stored.dump(
                 ClosedCall(
                     call_id=state.call_id, partition=state.partition, closed_at=now, reason=reason
                 )
@@ -289,7 +291,7 @@ class Assembler:
                         )
         else:
             for key, raw in self.closed.items():
-                closed = self.codec.decode_as(raw, ClosedCall)
+                closed = self.stored.load(raw, ClosedCall)
                 if closed.partition not in indexes:
                     built.setdefault(closed.partition, Deadlines()).set(
                         key, closed.closed_at + self.late_retention

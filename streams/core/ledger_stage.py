@@ -32,6 +32,7 @@ from ..codec import SchemaRegistry
 from ..envelope import misplaced
 from ..errors import RecordError
 from ..models import CommitResume, FeedbackAck, LedgerState, RoutingOverride, Tick
+from ..state_codec import StateCodec
 from .arms import POLICY
 from .compare import compare_windows
 from .effects import Envelope, Out, Reject
@@ -72,13 +73,14 @@ class LedgerStage:
         self.cfg = cfg
         self.store = store
         self.codec = codec
+        self.stored = StateCodec(codec)
 
     def load(self) -> LedgerState:
         raw = self.store.get(LEDGER_KEY)
-        return self.codec.decode_as(raw, LedgerState) if raw else LedgerState()
+        return self.stored.load(raw, LedgerState) if raw else LedgerState()
 
     def save(self, state: LedgerState) -> None:
-        self.store.set(LEDGER_KEY, self.codec.encode(state))
+        self.store.set(LEDGER_KEY, self.stored.dump(state))
 
     def exists(self) -> bool:
         return self.store.get(LEDGER_KEY) is not None

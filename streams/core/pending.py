@@ -3,8 +3,8 @@
 An open call is kept in the assembly's ``pending`` store as one
 :class:`~streams.models.OpenCallEvent` entry per applied event: the first under the call's key
 (``call_id``), carrying the call's ``call_id``, ``partition`` and ``first_seen``; the n-th
-(n = 1, 2, ...) under ``call_id + 0xFF + n`` in decimal (0xFF never occurs in UTF-8, so no
-call's keys meet another's). Each event is one store write of about its own size (one changelog
+(n = 1, 2, ...) under ``call_id + 0xFF + n`` (the byte layout, keys and values, is
+:mod:`streams.state_codec`'s). Each event is one store write of about its own size (one changelog
 record in the live worker, instead of a rewrite of the whole growing call), and closing the call
 deletes its entries. A call's entries are found by counting up from its key until one is
 missing: no range read or scan, which a Faust table (a dict restored from its changelog) has
@@ -22,43 +22,28 @@ when partitions move) reads it back, and every change is written to the store fi
 The stored form of older versions, one :class:`~streams.models.PendingEvents` value per call
 under its key, is still read; such a call is rewritten as entries when its next event arrives.
 
-May import: fastavro, :mod:`streams.codec`, :mod:`streams.models`, the core.
+May import: :mod:`streams.codec`, :mod:`streams.state_codec`, :mod:`streams.models`, the core.
 """
 
 from __future__ import annotations
 
-import copy
-import io
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import fastavro
-from fastavro.schema import parse_schema
-
-from ..codec import MAGIC, SchemaRegistry
+from ..codec import SchemaRegistry
 from ..errors import DecodeError
-from ..models import AgentCall, CallPhase, Completion, OpenCallEvent, PendingCall, PendingEvents
+from ..models import AgentCall, CallPhase, Completion, PendingCall
+from ..state_codec import SEPARATOR, LegacyLayout, OpenCallLayout, entry_key, is_head_key
 from .assembly import Progress, step_order
 from .store import Store
 
-__all__ = ["OpenCall", "OpenCalls", "entry_key", "is_head_key"]
+__all__ = ["SEPARATOR", "OpenCall", "OpenCalls", "entry_key", "is_head_key"]
 
-_START, _END, _STEP = 0, 1, 2
-SEPARATOR = b"\xff"
+_START, _END, _STEP = OpenCallLayout.START, OpenCallLayout.END, OpenCallLayout.STEP
 
 Event = AgentCall | Completion
-
-
-def entry_key(call_key: bytes, index: int) -> bytes:
-    """The store key of a call's ``index``-th entry (the first is the call's own key)."""
-    return call_key if index == 0 else call_key + SEPARATOR + str(index).encode()
-
-
-def is_head_key(key: bytes) -> bool:
-    """Whether ``key`` is a call's first entry (one per open call)."""
-    return SEPARATOR not in key
 
 
 @dataclass(slots=True)
@@ -94,11 +79,7 @@ class OpenCalls:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[bytes, OpenCall] = OrderedDict()
         self._cached_bytes = 0
-        self.schema = codec.schema_of(OpenCallEvent)
-        self.header = MAGIC + codec.fingerprint_of(OpenCallEvent)
-        light = _plain(self.schema)
-        light["fields"] = [f for f in light["fields"] if f["name"] != "data"]
-        self.light_schema = parse_schema(light)
+        self.layout = OpenCallLayout(codec)
         self.legacy = _Legacy(codec)
 
     def reset(self) -> None:
@@ -173,11 +154,8 @@ class OpenCalls:
             item["call_id"] = progress.call_id
             item["partition"] = progress.partition
             item["first_seen"] = progress.first_seen
-        buf = io.BytesIO()
-        buf.write(self.header)
-        fastavro.schemaless_writer(buf, self.schema, item)
         try:
-            self.store.set(entry_key(key, index), buf.getvalue())
+            self.store.set(entry_key(key, index), self.layout.write(item))
         except BaseException:
             self.discard(key)
             raise
@@ -232,23 +210,14 @@ class OpenCalls:
     # -- the stored form -----------------------------------------------------------------------
 
     def _light(self, raw: bytes) -> dict[str, Any]:
-        return self._read(raw, self.light_schema)
-
-    def _read(self, raw: bytes, reader: Any) -> dict[str, Any]:
-        if not raw.startswith(self.header):
-            raise DecodeError("not a stored open call's event (OpenCallEvent)")
-        record = fastavro.schemaless_reader(
-            io.BytesIO(raw[len(self.header) :]), self.schema, reader
-        )
-        assert isinstance(record, dict)
-        return record
+        return self.layout.light(raw)
 
     def _decode_all(self, key: bytes, call: OpenCall) -> list[Event]:
         events = []
         for index in range(call.entries):
             raw = self.store.get(entry_key(key, index))
             assert raw is not None, f"entry {index} of an open call is missing"
-            event = self.codec.decode(self._read(raw, self.schema)["data"])
+            event = self.codec.decode(self.layout.full(raw)["data"])
             assert isinstance(event, AgentCall | Completion)
             events.append(event)
         return events
@@ -259,17 +228,14 @@ class OpenCalls:
         record = self.legacy.read(raw)
         first = b""
         for index, item in enumerate(record["events"]):
-            item = {**_item_defaults(), **item}
+            item = {**OpenCallLayout.defaults(), **item}
             if index == 0:
                 item.update(
                     call_id=record["call_id"],
                     partition=record["partition"],
                     first_seen=record["first_seen"],
                 )
-            buf = io.BytesIO()
-            buf.write(self.header)
-            fastavro.schemaless_writer(buf, self.schema, item)
-            value = buf.getvalue()
+            value = self.layout.write(item)
             self.store.set(entry_key(key, index), value)
             first = first or value
         if not first:
@@ -286,7 +252,7 @@ def _item(event: Event, data: bytes) -> dict[str, Any]:
         kind, seq = _END, -1
         steps = -1 if event.step_count is None else event.step_count
     return {
-        **_item_defaults(),
+        **OpenCallLayout.defaults(),
         "event_id": event.event_id,
         "kind": kind,
         "seq": seq,
@@ -294,10 +260,6 @@ def _item(event: Event, data: bytes) -> dict[str, Any]:
         "size": len(data),
         "data": data,
     }
-
-
-def _item_defaults() -> dict[str, Any]:
-    return {"call_id": "", "partition": -1, "first_seen": None}
 
 
 def _count(progress: Progress, item: dict[str, Any]) -> None:
@@ -313,21 +275,8 @@ def _count(progress: Progress, item: dict[str, Any]) -> None:
         progress.expected_steps = None if item["step_count"] < 0 else item["step_count"]
 
 
-class _Legacy:
-    """Reads the stored form of older versions: one PendingEvents value per open call."""
-
-    def __init__(self, codec: SchemaRegistry) -> None:
-        self.codec = codec
-        self.schema = codec.schema_of(PendingEvents)
-        self.header = MAGIC + codec.fingerprint_of(PendingEvents)
-
-    def holds(self, raw: bytes) -> bool:
-        return raw.startswith(self.header)
-
-    def read(self, raw: bytes) -> dict[str, Any]:
-        record = fastavro.schemaless_reader(io.BytesIO(raw[len(self.header) :]), self.schema)
-        assert isinstance(record, dict)
-        return record
+class _Legacy(LegacyLayout):
+    """The stored form of older versions (one PendingEvents value per open call), as progress."""
 
     def progress(self, raw: bytes) -> Progress:
         record = self.read(raw)
@@ -336,11 +285,3 @@ class _Legacy:
             _count(progress, item)
         return progress
 
-
-def _plain(schema: Any) -> Any:
-    """A parsed schema without fastavro's private keys, to parse again."""
-    if isinstance(schema, dict):
-        return {k: _plain(v) for k, v in schema.items() if not k.startswith("__")}
-    if isinstance(schema, list):
-        return [_plain(v) for v in schema]
-    return copy.copy(schema)

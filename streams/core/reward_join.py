@@ -61,6 +61,7 @@ from ..models import (
     Trajectory,
     UserFeedback,
 )
+from ..state_codec import StateCodec
 from .arms import trains
 from .assemble import check_key
 from .assembly import Deadlines, check_not_future, tick_time
@@ -128,7 +129,8 @@ class RewardJoin:
         self._kept: dict[int, Deadlines] = {}
         self.rewarder = rewarder
         self.awaiting = awaiting
-        self.codec = codec
+        self.codec = codec  # the dead letters' payloads, as on the wire
+        self.stored = StateCodec(codec)
         self.feedback_grace = feedback_grace
         self.abandon_after = abandon_after
         self.score_incomplete = score_incomplete
@@ -171,7 +173,7 @@ class RewardJoin:
         key = check_key(env, record.call_id)
         raw = self.awaiting.get(key)
         if raw:
-            entry = self.codec.decode_as(raw, AwaitingReward)
+            entry = self.stored.load(raw, AwaitingReward)
         else:
             entry = AwaitingReward(call_id=record.call_id, partition=env.partition, since=now)
         if isinstance(record, UserFeedback):
@@ -206,7 +208,7 @@ class RewardJoin:
         if not entry.ready and (not raw or entry.trajectory is record):
             # new entry, or its deadline changes
             self._index(env.partition).set(key, entry.since + self._wait_limit(entry))
-        self.awaiting.set(key, self.codec.encode(entry))
+        self.awaiting.set(key, self.stored.dump(entry))
 
     def _scored(
         self, key: bytes, entry: AwaitingReward, src: Source | None, now: datetime, out: RewardOut
@@ -247,7 +249,7 @@ class RewardJoin:
 
     def _stored(self, key: bytes) -> StoredVerdict | None:
         raw = self.verdicts.get(key) if self.verdicts is not None else None
-        return None if raw is None else self.codec.decode_as(raw, StoredVerdict)
+        return None if raw is None else self.stored.load(raw, StoredVerdict)
 
     def _verdict(
         self, env: Envelope, verdict: JudgeVerdict, now: datetime, out: RewardOut
@@ -267,13 +269,13 @@ class RewardJoin:
                 out.emit("verdicts", key, stored.verdict)
             return
         kept = StoredVerdict(partition=env.partition, stored_at=now, verdict=verdict)
-        self.verdicts.set(key, self.codec.encode(kept))
+        self.verdicts.set(key, self.stored.dump(kept))
         self._kept_index(env.partition).set(key, now + self.verdict_retention)
         out.stats["verdicts.stored"] += 1
         raw = self.awaiting.get(key)
         if raw is None:
             return
-        entry = self.codec.decode_as(raw, AwaitingReward)
+        entry = self.stored.load(raw, AwaitingReward)
         if entry.trajectory is not None and entry.ready:
             self._score(key, entry.trajectory, None, out, verdict)
 
@@ -290,11 +292,11 @@ class RewardJoin:
             raw = self.awaiting.get(key)
             if raw is None:
                 continue
-            entry = self.codec.decode_as(raw, AwaitingReward)
+            entry = self.stored.load(raw, AwaitingReward)
             if entry.trajectory is not None:
                 entry.ready = True  # the grace period is over: the feedback attached is final
                 if not self._scored(key, entry, None, at, out):
-                    self.awaiting.set(key, self.codec.encode(entry))  # waits for its verdict
+                    self.awaiting.set(key, self.stored.dump(entry))  # waits for its verdict
             else:
                 out.stats["user_feedback.unmatched"] += len(entry.feedback)
                 self.awaiting.delete(key)
@@ -368,7 +370,7 @@ class RewardJoin:
         if index is None:
             index = self._kept[partition] = Deadlines()
             for key, raw in self.verdicts.items() if self.verdicts is not None else ():
-                stored = self.codec.decode_as(raw, StoredVerdict)
+                stored = self.stored.load(raw, StoredVerdict)
                 if stored.partition == partition:
                     index.set(key, stored.stored_at + self.verdict_retention)
         return index
@@ -378,7 +380,7 @@ class RewardJoin:
         if index is None:
             index = self._grace[partition] = Deadlines()
             for key, raw in self.awaiting.items():
-                entry = self.codec.decode_as(raw, AwaitingReward)
+                entry = self.stored.load(raw, AwaitingReward)
                 # a ready entry too: a worker whose reward needs no verdict (any more) scores
                 # it on the next tick; one that needs it keeps it until the verdict comes
                 if entry.partition == partition:

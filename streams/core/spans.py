@@ -35,8 +35,8 @@ Rules (``limits`` is a :class:`SpanLimits`):
 Every record the stage emits has the ``event_id`` the ingest derived from the trace and span
 ids, so a record emitted twice (a crash between emitting and storing) counts once downstream.
 
-Store layout: ``trace_id`` -> :class:`~streams.models.TraceHead` (the links of every span,
-what is held); ``trace_id + 0xFF + span_id`` -> the held record (a step's
+Store layout (:mod:`streams.state_codec`): ``trace_id`` -> :class:`~streams.models.TraceHead`
+(the links of every span, what is held); ``trace_id + 0xFF + span_id`` -> the held record (a step's
 :class:`~streams.models.TraceSpan`, an agent's END). Deadlines are kept in memory per partition,
 rebuilt from the heads after :meth:`SpanResolver.reset`, as in :mod:`.assemble`.
 
@@ -63,6 +63,7 @@ from ..models import (
     TraceHead,
     TraceSpan,
 )
+from ..state_codec import StateCodec, held_key, is_head_key
 from .assembly import SEQ_SPACE, Deadlines, step_order, tick_time
 from .effects import Envelope, Out, OutputTopic, Reject, Source
 from .store import Store
@@ -71,8 +72,6 @@ __all__ = ["AGENT_EVENTS", "SpanLimits", "SpanResolver", "call_of"]
 
 AGENT_EVENTS = cast(OutputTopic, "agent_events")
 """The output topic of the stage (:attr:`streams.topics.Topics.agent_events`)."""
-
-_SEP = b"\xff"  # never in a UTF-8 trace id
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +128,8 @@ class SpanResolver:
     ) -> None:
         self.limits = limits
         self.store = store
-        self.codec = codec
+        self.codec = codec  # the dead letters' payloads, as on the wire
+        self.stored = StateCodec(codec)
         self._due: dict[int, Deadlines] = {}
 
     def reset(self) -> None:
@@ -214,9 +214,9 @@ class SpanResolver:
     ) -> None:
         if span.end is None:
             return
-        data = self.codec.encode(span.end)
+        data = self.stored.dump(span.end)
         if self._fits(head, len(data), span, out, source):
-            self.store.set(key + _SEP + span.span_id.encode(), data)
+            self.store.set(held_key(key, span.span_id), data)
             head.ends.append(
                 HeldSpan(span_id=span.span_id, at=now + self.limits.settle, size=len(data))
             )
@@ -231,11 +231,11 @@ class SpanResolver:
         out: Out,
         source: Source | None,
     ) -> None:
-        data = self.codec.encode(span)
+        data = self.stored.dump(span)
         if not self._fits(head, len(data), span, out, source):
             link.emitted = True  # left out for good: never resolved
             return
-        self.store.set(key + _SEP + span.span_id.encode(), data)
+        self.store.set(held_key(key, span.span_id), data)
         head.held.append(HeldSpan(span_id=span.span_id, at=now, size=len(data)))
 
     def _fits(
@@ -273,13 +273,13 @@ class SpanResolver:
             if where is WAIT and not orphan:
                 waiting.append(held)
                 continue
-            entry = key + _SEP + held.span_id.encode()
+            entry = held_key(key, held.span_id)
             raw = self.store.get(entry)
             self.store.delete(entry)
             links[held.span_id].emitted = True
             if raw is None:  # cannot happen unless the store lost it: nothing to emit
                 continue
-            span = self.codec.decode_as(raw, TraceSpan)
+            span = self.stored.load(raw, TraceSpan)
             assert span.step is not None
             if isinstance(where, str):
                 joined.setdefault(where, []).append(span.step.model_copy(update={"call_id": where}))
@@ -337,11 +337,11 @@ class SpanResolver:
                 if held.at > at:
                     ends.append(held)
                     continue
-                entry = key + _SEP + held.span_id.encode()
+                entry = held_key(key, held.span_id)
                 raw = self.store.get(entry)
                 self.store.delete(entry)
                 if raw is not None:
-                    end = self.codec.decode_as(raw, AgentCall)
+                    end = self.stored.load(raw, AgentCall)
                     out.stats["calls.ended"] += 1
                     out.emit(AGENT_EVENTS, end.call_id.encode(), end)
             head.ends = ends
@@ -355,7 +355,7 @@ class SpanResolver:
 
     def open_traces(self) -> list[str]:
         """The trace ids the stage holds state for (for replay's report and tests)."""
-        return sorted(k.decode() for k, _ in self.store.items() if _SEP not in k)
+        return sorted(k.decode() for k, _ in self.store.items() if is_head_key(k))
 
     def _expiry(self, head: TraceHead) -> datetime:
         genai = any(link.role != "plain" for link in head.links)
@@ -370,14 +370,14 @@ class SpanResolver:
 
     def _load(self, key: bytes) -> TraceHead | None:
         raw = self.store.get(key)
-        return None if raw is None else self.codec.decode_as(raw, TraceHead)
+        return None if raw is None else self.stored.load(raw, TraceHead)
 
     def _save(
         self, key: bytes, head: TraceHead, partition: int, index: Deadlines | None = None
     ) -> None:
         if head.partition < 0:
             head.partition = partition
-        self.store.set(key, self.codec.encode(head))
+        self.store.set(key, self.stored.dump(head))
         (index or self._index(head.partition)).set(key, self._next(head))
 
     def _index(self, partition: int) -> Deadlines:
@@ -387,9 +387,9 @@ class SpanResolver:
         # one pass over the store builds the index of every partition it holds
         built: dict[int, Deadlines] = {partition: Deadlines()}
         for key, raw in self.store.items():
-            if _SEP in key:
+            if not is_head_key(key):
                 continue
-            head = self.codec.decode_as(raw, TraceHead)
+            head = self.stored.load(raw, TraceHead)
             if head.partition not in self._due:
                 built.setdefault(head.partition, Deadlines()).set(key, self._next(head))
         self._due.update(built)

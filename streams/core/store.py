@@ -2,7 +2,8 @@
 
 A stage keeps its state in stores keyed by bytes with Avro-encoded bytes as values: a Faust
 table in the live worker (see :mod:`streams.runtime.live`), a :class:`MemoryStore` in replay
-and in tests. The values are the same bytes in both, so both runners read and write one format.
+and in tests. The values are the same bytes in both, so both runners read and write one format;
+the keys and values (the byte layout) are :mod:`streams.state_codec`'s.
 
 May import: the standard library only.
 """

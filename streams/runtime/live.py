@@ -63,7 +63,6 @@ from ..core.judge import JudgeAnswerError
 from ..core.ledger import CommitPlan, is_held
 from ..core.ledger_batch import run_batch
 from ..core.ledger_stage import LedgerStage
-from ..core.pending import is_head_key
 from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
@@ -91,6 +90,7 @@ from ..observe.metrics import Metrics, lag_of
 from ..observe.pages import StatusPages
 from ..observe.web import ObserveServer
 from ..settings import RECORD_HEADROOM, Settings
+from ..state_codec import is_head_key
 from ..topics import Topics
 from ..wire import TopicFraming
 from . import handover, spans_agent

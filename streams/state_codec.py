@@ -1,0 +1,148 @@
+"""The byte layout of the stages' stored state, beside the wire codec (:mod:`streams.codec`).
+
+The stages of :mod:`streams.core` keep their state in stores of bytes (a Faust table's
+changelog in the live worker, a dict in replay and tests: :mod:`streams.core.store`). What
+those bytes and keys are is decided here, and only here:
+
+- **values**: a state record (``ClosedCall``, ``AwaitingReward``, ``StoredVerdict``,
+  ``LedgerState``, ``TraceHead``, a held ``TraceSpan`` or agent END) in the Avro single-object
+  encoding of the wire codec (:meth:`StateCodec.dump`, :meth:`StateCodec.load`), so both
+  runners read and write one format and a changelog is readable with the schemas;
+- **open calls** (the ``pending`` store, :mod:`streams.core.pending`): one
+  :class:`~streams.models.OpenCallEvent` entry per applied event, the first under the call's
+  key, the n-th (n = 1, 2, ...) under ``call_id + 0xFF + n`` in decimal (:func:`entry_key`;
+  0xFF never occurs in UTF-8, so no call's keys meet another's). :class:`OpenCallLayout` writes
+  an entry and reads it whole or without its event bytes ("light", to count progress without
+  decoding events); the layout of older versions, one ``PendingEvents`` value per call, is still
+  read (:class:`LegacyLayout`);
+- **traces** (the ``traces`` store, :mod:`streams.core.spans`): the trace's head under
+  ``trace_id``, each held record under ``trace_id + 0xFF + span_id`` (:func:`held_key`).
+
+May import: fastavro, :mod:`streams.codec`, :mod:`streams.models`, :mod:`streams.errors`.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from typing import Any, TypeVar
+
+import fastavro
+from fastavro.schema import parse_schema
+
+from .codec import MAGIC, SchemaRegistry
+from .errors import DecodeError
+from .models import AvroModel, OpenCallEvent, PendingEvents
+
+__all__ = [
+    "SEPARATOR",
+    "LegacyLayout",
+    "OpenCallLayout",
+    "StateCodec",
+    "entry_key",
+    "held_key",
+    "is_head_key",
+]
+
+M = TypeVar("M", bound=AvroModel)
+
+SEPARATOR = b"\xff"
+"""Between a key and an entry's suffix: never in UTF-8, so no call's or trace's keys meet."""
+
+
+def entry_key(call_key: bytes, index: int) -> bytes:
+    """The store key of an open call's ``index``-th entry (the first is the call's own key)."""
+    return call_key if index == 0 else call_key + SEPARATOR + str(index).encode()
+
+
+def is_head_key(key: bytes) -> bool:
+    """Whether ``key`` is a call's (or a trace's) own key, not one of its entries."""
+    return SEPARATOR not in key
+
+
+def held_key(trace_key: bytes, span_id: str) -> bytes:
+    """The store key of a record a trace holds for span ``span_id``."""
+    return trace_key + SEPARATOR + span_id.encode()
+
+
+class StateCodec:
+    """Stored state records as bytes: the single-object encoding of the wire codec."""
+
+    def __init__(self, codec: SchemaRegistry) -> None:
+        self.codec = codec
+
+    def dump(self, record: AvroModel) -> bytes:
+        return self.codec.encode(record)
+
+    def load(self, raw: bytes, model: type[M]) -> M:
+        return self.codec.decode_as(raw, model)
+
+
+class OpenCallLayout:
+    """One stored entry of an open call (an :class:`~streams.models.OpenCallEvent`), written and
+    read as a plain dict: ``event_id``, ``kind`` (0 START, 1 END, 2 step), ``seq``,
+    ``step_count``, ``size``, ``data`` (the event's bytes as read), and on a call's first entry
+    ``call_id``, ``partition``, ``first_seen``."""
+
+    START, END, STEP = 0, 1, 2
+
+    def __init__(self, codec: SchemaRegistry) -> None:
+        self.codec = codec
+        self.schema = codec.schema_of(OpenCallEvent)
+        self.header = MAGIC + codec.fingerprint_of(OpenCallEvent)
+        light = _plain(self.schema)
+        light["fields"] = [f for f in light["fields"] if f["name"] != "data"]
+        self.light_schema = parse_schema(light)
+
+    @staticmethod
+    def defaults() -> dict[str, Any]:
+        """The fields only a call's first entry fills."""
+        return {"call_id": "", "partition": -1, "first_seen": None}
+
+    def write(self, item: dict[str, Any]) -> bytes:
+        buf = io.BytesIO()
+        buf.write(self.header)
+        fastavro.schemaless_writer(buf, self.schema, item)
+        return buf.getvalue()
+
+    def light(self, raw: bytes) -> dict[str, Any]:
+        """An entry without its event's bytes (cheaper: the progress needs only the rest)."""
+        return self._read(raw, self.light_schema)
+
+    def full(self, raw: bytes) -> dict[str, Any]:
+        return self._read(raw, self.schema)
+
+    def _read(self, raw: bytes, reader: Any) -> dict[str, Any]:
+        if not raw.startswith(self.header):
+            raise DecodeError("not a stored open call's event (OpenCallEvent)")
+        record = fastavro.schemaless_reader(
+            io.BytesIO(raw[len(self.header) :]), self.schema, reader
+        )
+        assert isinstance(record, dict)
+        return record
+
+
+class LegacyLayout:
+    """Reads the stored form of older versions: one PendingEvents value per open call."""
+
+    def __init__(self, codec: SchemaRegistry) -> None:
+        self.codec = codec
+        self.schema = codec.schema_of(PendingEvents)
+        self.header = MAGIC + codec.fingerprint_of(PendingEvents)
+
+    def holds(self, raw: bytes) -> bool:
+        return raw.startswith(self.header)
+
+    def read(self, raw: bytes) -> dict[str, Any]:
+        record = fastavro.schemaless_reader(io.BytesIO(raw[len(self.header) :]), self.schema)
+        assert isinstance(record, dict)
+        return record
+
+
+def _plain(schema: Any) -> Any:
+    """A parsed schema without fastavro's private keys, to parse again."""
+    if isinstance(schema, dict):
+        return {k: _plain(v) for k, v in schema.items() if not k.startswith("__")}
+    if isinstance(schema, list):
+        return [_plain(v) for v in schema]
+    return copy.copy(schema)
