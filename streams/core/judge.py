@@ -26,26 +26,40 @@ the call a dead letter with that reason. Such an answer is not retried (asking a
 as much and most likely fail alike); only an unavailable judge (5xx, 408, 429, a timeout, a
 connection error) is, with backoff, until ``max_age`` after the request was made.
 
-May import: the standard library, :mod:`streams.models`, :mod:`streams.errors`.
+The judge stage (:class:`JudgeStage`) is the same for both runners: a request (decoded at the
+edge, or handed over by replay) goes out over a :data:`JudgePort` (the runner asks the judge
+over HTTP with the one retry loop, :func:`streams.io.judge.judge_port`, or a fake) and comes
+back as one verdict for ``verdicts``; a process answers each call once.
+
+May import: the standard library, :mod:`streams.models`, :mod:`streams.errors`,
+:mod:`streams.envelope`, :mod:`streams.core.effects`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..errors import JudgeAnswerError
+from ..envelope import Envelope, misplaced
+from ..errors import JudgeAnswerError, RecordError
 from ..models import JudgeRequest, JudgeVerdict, StepKind, Trajectory
+from .effects import Out, Reject
 
 __all__ = [
+    "JUDGED_REMEMBERED",
     "MAX_RAW_ANSWER",
     "JudgeAnswerError",
+    "JudgePort",
     "JudgeSpec",
+    "JudgeStage",
     "answer_content",
     "expired",
     "failed_verdict",
@@ -58,6 +72,8 @@ __all__ = [
 
 MAX_RAW_ANSWER = 8192
 """Characters of the judge's answer kept in a verdict."""
+
+log = logging.getLogger("trajstream.judge")
 
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*)\n\s*```$", re.DOTALL)
 
@@ -239,3 +255,62 @@ def expired(request: JudgeRequest, now: datetime, max_age: timedelta) -> str | N
 def _snippet(text: str, n: int = 80) -> str:
     flat = " ".join(text.split())
     return repr(flat if len(flat) <= n else flat[:n] + "...")
+
+
+JudgePort = Callable[[JudgeRequest], Awaitable[JudgeVerdict]]
+"""How a runner asks the judge one request: until it answers or the request is older than
+``reward.judge.max_age_s`` (the one retry loop), returning the verdict, scored or saying why not;
+it never raises for what the judge answered."""
+
+JUDGED_REMEMBERED = 100_000
+"""Call ids the judge stage remembers having answered, to skip a request made again."""
+
+
+class JudgeStage:
+    """The judge stage: a :class:`~streams.models.JudgeRequest` -> the port -> its verdict on
+    ``verdicts`` (scored or not: the reward stage makes one without a score a ``judge`` dead
+    letter). A request made again for a redelivered trajectory is not asked twice by one
+    process (the reward stage keeps the first verdict anyway); ``decline``: every request gets
+    a verdict without a score saying so, and the judge is not asked (replay's
+    ``reward.judge.replay_missing = dead_letter``)."""
+
+    stage = "judge"
+
+    def __init__(self, *, remember: int = JUDGED_REMEMBERED, decline: str | None = None) -> None:
+        self.remember = remember
+        self.decline = decline
+        self._judged: OrderedDict[str, None] = OrderedDict()
+
+    async def on_record(
+        self, env: Envelope, ask: JudgePort, now: Callable[[], datetime]
+    ) -> Out:
+        out = Out()
+        try:
+            match env.open():
+                case JudgeRequest() as request:
+                    pass
+                case other:
+                    raise misplaced(other, env.topic)
+        except RecordError as exc:
+            out.reject(Reject.of(self.stage, exc, env.source))
+            return out
+        if request.call_id in self._judged:
+            # made again for a redelivered trajectory; this process answered it already,
+            # and the reward stage reads that verdict (after a restart it is asked again,
+            # and the reward stage keeps the first verdict)
+            out.stats["judge.skipped"] += 1
+            return out
+        if self.decline is not None:
+            out.stats["judge.not_asked"] += 1
+            verdict = failed_verdict(request, self.decline, "", 0, now())
+        else:
+            out.stats["judge.asked"] += 1
+            verdict = await ask(request)
+            if verdict.error is not None:
+                log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
+        out.stats["judge.verdicts" if verdict.error is None else "judge.failed"] += 1
+        out.emit("verdicts", verdict.call_id.encode(), verdict)
+        self._judged[request.call_id] = None
+        while len(self._judged) > self.remember:
+            self._judged.popitem(last=False)
+        return out

@@ -9,7 +9,8 @@ header) and maps failures onto the package's exceptions::
     5xx, 408, 429                   -> JudgeUnavailable (retried with backoff)
     timeout, connection error       -> JudgeUnavailable (raised ``from`` the httpx error)
 
-:func:`judge` is the one loop both runners use: it retries an unavailable judge as
+:func:`judge` is the one loop both runners use (as the judge stage's port,
+:func:`judge_port`): it retries an unavailable judge as
 :class:`~streams.core.retry.RetryPolicy` says, with the age counted from the request's
 ``requested_at`` (so a restart does not start the clock again), and always returns a
 :class:`~streams.models.JudgeVerdict`: scored, or with the error (garbage answer, rejected,
@@ -28,14 +29,14 @@ from typing import Any
 
 import httpx
 
-from ..core.judge import expired, failed_verdict, messages, verdict_of
+from ..core.judge import JudgePort, expired, failed_verdict, messages, verdict_of
 from ..core.retry import RetryPolicy
 from ..errors import ConfigError, JudgeGaveUp, JudgeRejected, JudgeUnavailable
 from ..models import JudgeRequest, JudgeVerdict, utcnow
 from ..settings import JudgeSettings
 from .retrying import retrying
 
-__all__ = ["JudgeClient", "judge", "policy_of"]
+__all__ = ["JudgeClient", "judge", "judge_port", "policy_of"]
 
 log = logging.getLogger("trajstream.judge")
 
@@ -164,3 +165,23 @@ async def judge(
         reason = f"the judge rejected the request: {exc}"
         return failed_verdict(request, reason, exc.body or "", asked, clock())
     return verdict_of(request, body, raw, attempts, clock())
+
+
+def judge_port(
+    client: Callable[[], JudgeClient],
+    policy: RetryPolicy,
+    *,
+    clock: Callable[[], datetime] = utcnow,
+    on_retry: Callable[[], None] | None = None,
+    slots: asyncio.Semaphore | None = None,
+) -> JudgePort:
+    """The judge stage's port (:data:`streams.core.judge.JudgePort`) over HTTP: :func:`judge`
+    with ``client()`` (made when first asked), at most ``slots`` requests at once."""
+
+    async def ask(request: JudgeRequest) -> JudgeVerdict:
+        if slots is None:
+            return await judge(client(), request, policy, clock=clock, on_retry=on_retry)
+        async with slots:
+            return await judge(client(), request, policy, clock=clock, on_retry=on_retry)
+
+    return ask

@@ -16,7 +16,8 @@ Faust's deserializer.
                   with a judge reward, ``verdicts``)
 2b. ``judge``     judge-requests -> POST <reward.judge.url>/chat/completions -> verdicts
                   (only with a reward function that needs the LLM judge;
-                  :func:`streams.io.judge.judge`, :mod:`streams.core.judge`)
+                  :class:`~streams.core.judge.JudgeStage` over the port
+                  :func:`streams.io.judge.judge_port`, as in replay)
 3. ``feedback``   rewarded -> POST /feedback, one per distinct step reward
                   (:func:`streams.core.feedback.deliver`, as in replay;
                   :func:`streams.io.trinity.retrying`) -> ledger
@@ -44,7 +45,7 @@ import logging
 import os
 import socket
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -59,7 +60,7 @@ from ..core.assemble import Assembler
 from ..core.clock import wall_clock
 from ..core.effects import Out, Reject, dead_letter
 from ..core.feedback import FeedbackRequest, deliver
-from ..core.judge import JudgeAnswerError
+from ..core.judge import JudgeAnswerError, JudgeStage
 from ..core.ledger import CommitPlan, is_held
 from ..core.ledger_batch import run_batch
 from ..core.ledger_stage import LedgerStage
@@ -70,14 +71,13 @@ from ..core.select import Strategy, build_strategy
 from ..envelope import Edge, Envelope, Source
 from ..errors import BrokerError, RecordError, TrinityError
 from ..io import kafka
-from ..io.judge import JudgeClient, judge, policy_of
+from ..io.judge import JudgeClient, judge_port, policy_of
 from ..io.security import faust_credentials
 from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
 from ..models import (
     CommitRecord,
     Comparison,
     DriftAlert,
-    JudgeRequest,
     LedgerState,
     RewardedTrajectory,
     RoutingShare,
@@ -104,7 +104,6 @@ log = logging.getLogger("trajstream")
 
 FEEDBACK_BATCH = 64
 JUDGE_BATCH = 32
-JUDGED_REMEMBERED = 100_000  # call ids the judge stage answered, to skip a request made again
 LEDGER_BATCH = 500
 BATCH_WITHIN = 0.05  # seconds a batch waits to fill
 UNREAD_LEDGER_S = 5.0  # how long a graceful stop reads the ledger records its consumer left
@@ -171,7 +170,15 @@ class Pipeline:
             lambda: JudgeClient.from_settings(settings.reward.judge)
         )
         self._judge: JudgeClient | None = None
-        self._judged: OrderedDict[str, None] = OrderedDict()
+        self.judge_stage = JudgeStage()
+        # the judge stage's port: the one retry loop over this worker's client, with the
+        # reward stage's clock (requested_at is in it)
+        self.ask_judge = judge_port(
+            lambda: self.judge_client,
+            self.judge_policy,
+            clock=lambda: wall_clock(),
+            on_retry=self._judge_retried,
+        )
         self.limits = limits_of(settings)
         self.ledger_cfg = ledger_config_of(settings)
         self.retry = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
@@ -534,44 +541,23 @@ class Pipeline:
         return self._judge
 
     async def _judge_guarded(self, event: Any) -> None:
-        """One judge request: its verdict (scored or not) on ``<p>.verdicts``; a request that
-        cannot be read is a ``judge`` dead letter. Never raises for what the judge answers."""
-        out = await self._guarded(
-            "judge", source_of(event), self._judge_step, expected=(RecordError, JudgeAnswerError)
-        )
-        if out.emits:
-            self._judged[out.emits[0].record.call_id] = None  # type: ignore[attr-defined]
-            while len(self._judged) > JUDGED_REMEMBERED:
-                self._judged.popitem(last=False)
+        """One judge request through the core's judge stage, the judge asked over this
+        worker's port: its verdict (scored or not) on ``<p>.verdicts``; a request that cannot
+        be read is a ``judge`` dead letter. Never raises for what the judge answered."""
 
-    async def _judge_step(self, env: Envelope) -> Out:
-        out = Out()
-        request = env.open()
-        assert isinstance(request, JudgeRequest)  # the edge lets nothing else through
-        if request.call_id in self._judged:
-            # made again for a redelivered trajectory; this process answered it already,
-            # and the reward stage reads that verdict (after a restart it is asked again,
-            # and the reward stage keeps the first verdict)
-            self.stats["judge.skipped"] += 1
+        async def step(env: Envelope) -> Out:
+            out = await self.judge_stage.on_record(env, self.ask_judge, wall_clock)
+            for verdict in out.records("verdicts"):
+                self.metrics.judge_verdict(scored=verdict.error is None)  # type: ignore[attr-defined]
             return out
 
-        def retried() -> None:
-            self.stats["judge.retries"] += 1
-            self.metrics.judge_retry()
-
-        verdict = await judge(
-            self.judge_client,
-            request,
-            self.judge_policy,
-            on_retry=retried,
-            clock=lambda: wall_clock(),  # the reward stage's clock: requested_at is in it
+        await self._guarded(
+            "judge", source_of(event), step, expected=(RecordError, JudgeAnswerError)
         )
-        self.stats["judge.verdicts" if verdict.error is None else "judge.failed"] += 1
-        self.metrics.judge_verdict(scored=verdict.error is None)
-        if verdict.error is not None:
-            log.warning("judge: no score for call %s: %s", verdict.call_id, verdict.error)
-        out.emit("verdicts", verdict.call_id.encode(), verdict)
-        return out
+
+    def _judge_retried(self) -> None:
+        self.stats["judge.retries"] += 1
+        self.metrics.judge_retry()
 
     # -- 3. feedback -------------------------------------------------------------------------
 

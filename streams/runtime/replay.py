@@ -66,7 +66,7 @@ from ..topics import Topics
 from .config import judge_of, ledger_config_of, limits_of
 from .replay_io import (
     Replayed,
-    ask_judge,
+    judge_missing,
     manifest,
     read_range,
     read_replayed,
@@ -203,16 +203,7 @@ async def run_replay(
         end_of_range = options.until or (None if options.offsets else started)
         core.finish(end_of_range)
         if core.judge_requests:  # calls with no stored verdict: ask, or dead letters
-            verdicts, counts = await ask_judge(
-                settings,
-                bootstrap,
-                list(core.judge_requests.values()),
-                core.partition_of,
-                progress_console,
-                codec,
-            )
-            core.stats.update(counts)
-            core.add_verdicts(verdicts)
+            await judge_missing(settings, bootstrap, core, progress_console, codec)
         if "trinity" in options.to:
             replayed = await read_replayed(consumer, topics, names.replayed, rid, codec)
             result.ledger = replayed.ledger

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,7 +26,7 @@ from ..core.backfill import (
     uncommitted_acks,
 )
 from ..core.feedback import FeedbackRequest, deliver
-from ..core.judge import failed_verdict
+from ..core.judge import JudgeStage
 from ..core.ledger import LedgerConfig
 from ..core.retry import RetryPolicy
 from ..envelope import Edge, Envelope
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Replayed",
     "Sent",
-    "ask_judge",
+    "judge_missing",
     "manifest",
     "read_range",
     "read_replayed",
@@ -392,19 +391,20 @@ async def read_verdicts(
     ]
 
 
-async def ask_judge(
+async def judge_missing(
     settings: Settings,
     bootstrap: str,
-    requests: list[JudgeRequest],
-    partition_of: Callable[[str], int | None],
+    core: ReplayRunner,
     console: Console,
     codec: SchemaRegistry,
-) -> tuple[list[JudgeVerdict], Counter[str]]:
-    """Verdicts for the calls the range needs and ``<p>.verdicts`` did not have: asked (and
-    recorded there, on the partition ``partition_of(call_id)`` says, so that the next replay
-    and the workers reuse them), or, with ``reward.judge.replay_missing = dead_letter``,
-    verdicts without a score; with the counts (``judge.asked``, ``judge.not_asked``)."""
-    from ..io.judge import JudgeClient, judge, policy_of
+) -> None:
+    """Verdicts for the calls the range needs and ``<p>.verdicts`` did not have, by the
+    workers' judge stage (:class:`~streams.core.judge.JudgeStage`) over HTTP (the one retry
+    loop, :func:`streams.io.judge.judge_port`), and recorded there on the call's partition so
+    that the next replay and the workers reuse them; or, with
+    ``reward.judge.replay_missing = dead_letter``, verdicts without a score, the judge not
+    asked and nothing recorded. The runner scores with them (:meth:`ReplayRunner.judge`)."""
+    from ..io.judge import JudgeClient, judge_port, policy_of
 
     j = settings.reward.judge
     if j.replay_missing == "dead_letter":
@@ -412,23 +412,23 @@ async def ask_judge(
             "no verdict on the verdicts topic for this call, and reward.judge.replay_missing "
             "is dead_letter"
         )
-        failed = [failed_verdict(r, reason, "", 0, utcnow()) for r in requests]
-        return failed, Counter({"judge.not_asked": len(requests)})
-    console.print(f"asking the judge for {len(requests)} call(s) without a stored verdict")
+        await core.judge(JudgeStage(decline=reason), _not_asked, utcnow)
+        return
+    asked = len(core.judge_requests)
+    console.print(f"asking the judge for {asked} call(s) without a stored verdict")
     topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
     client = JudgeClient.from_settings(j)
-    policy = policy_of(j)
-    slots = asyncio.Semaphore(j.max_connections)
+    port = judge_port(lambda: client, policy_of(j), slots=asyncio.Semaphore(j.max_connections))
 
-    async def one(request: Any) -> JudgeVerdict:
-        async with slots:
-            # the age counts from now: these requests were made by this replay, just now
-            fresh = request.model_copy(update={"requested_at": utcnow()})
-            verdict = await judge(client, fresh, policy)
-            return verdict.model_copy(update={"requested_at": request.requested_at})
+    async def ask(request: JudgeRequest) -> JudgeVerdict:
+        # the age counts from now: these requests were made by this replay, just now (the
+        # workers' requests are dated by the clock the judge stage reads; replay's by record time)
+        fresh = request.model_copy(update={"requested_at": utcnow()})
+        verdict = await port(fresh)
+        return verdict.model_copy(update={"requested_at": request.requested_at})
 
     try:
-        verdicts = list(await asyncio.gather(*(one(r) for r in requests)))
+        verdicts = await core.judge(JudgeStage(), ask, utcnow)
     finally:
         await client.aclose()
     await kafka.create_topics(
@@ -443,13 +443,15 @@ async def ask_judge(
     await producer.start()
     try:
         for verdict in verdicts:
-            partition = partition_of(verdict.call_id)
             await producer.send_and_wait(
                 topics.verdicts,
                 codec.encode(verdict),
                 key=verdict.call_id.encode(),
-                partition=partition,
+                partition=core.partition_of(verdict.call_id),
             )
     finally:
         await producer.stop()
-    return verdicts, Counter({"judge.asked": len(requests)})
+
+
+async def _not_asked(request: JudgeRequest) -> JudgeVerdict:  # pragma: no cover - declined
+    raise AssertionError("a declining judge stage asks no one")

@@ -9,9 +9,10 @@ May import: the core, the top-level modules. Not :mod:`streams.io` (the driver,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -24,7 +25,7 @@ from ..core.backfill import (
 )
 from ..core.clock import RecordClock
 from ..core.effects import Out, Reject
-from ..core.judge import JudgeSpec
+from ..core.judge import JudgePort, JudgeSpec, JudgeStage
 from ..core.reward_join import NOTHING_TRAINABLE, RewardJoin, RewardOut
 from ..core.rewards import Rewarder
 from ..core.select import Strategy
@@ -212,6 +213,26 @@ class ReplayRunner:
             env = Envelope.handed(verdict, partition, verdict.call_id.encode())
             for index, join in enumerate(self.joins):  # in memory: not encoded again
                 self._joined(index, join.on_record(env, now), count=index == 0)
+
+    async def judge(
+        self, stage: JudgeStage, ask: JudgePort, now: Callable[[], datetime]
+    ) -> list[JudgeVerdict]:
+        """The judge stage on every request of :attr:`judge_requests` (after :meth:`finish`),
+        concurrently over ``ask``; the trajectories waiting are scored with the verdicts
+        (:meth:`add_verdicts`), which are returned (for ``<p>.verdicts``), and counted
+        (``judge.asked``, ``judge.not_asked``)."""
+        envelopes = [
+            Envelope.handed(request, self.partition_of(call_id) or 0, call_id.encode())
+            for call_id, request in self.judge_requests.items()
+        ]
+        outs = await asyncio.gather(*(stage.on_record(env, ask, now) for env in envelopes))
+        verdicts: list[JudgeVerdict] = []
+        for out in outs:
+            for name in ("judge.asked", "judge.not_asked"):
+                self.stats[name] += out.stats[name]
+            verdicts.extend(v for v in out.records("verdicts") if isinstance(v, JudgeVerdict))
+        self.add_verdicts(verdicts)
+        return verdicts
 
     def finish(self, until: datetime | None = None) -> None:
         """End of the range: move the clocks to ``until`` (closing what the live workers would

@@ -373,3 +373,32 @@ def test_a_tombstone_on_the_verdicts_topic_forgets_the_verdict() -> None:
     assert core.verdicts.get(b"call-1") is None
     run_call(core)
     assert len(core.topic("judge_requests")) == 1  # judged again
+
+
+def test_the_judge_stage_asks_its_port_once_per_call_or_declines() -> None:
+    """The one judge stage of both runners: each request through the port once per process
+    (a request made again is skipped), a verdict on ``verdicts``; declining asks no one and
+    answers without a score; a record that is no request is a judge dead letter."""
+    import asyncio
+
+    from streams.core.judge import JudgeSpec, JudgeStage
+
+    request = JudgeSpec("j", "Score.").request(trajectory(), at(0))
+    asked: list[str] = []
+
+    async def port(r: JudgeRequest) -> JudgeVerdict:
+        asked.append(r.call_id)
+        return the_verdict(0.7)
+
+    stage = JudgeStage()
+    env = EDGE.open("p.judge-requests", 0, 1, b"call-1", CODEC.encode(request))
+    first = asyncio.run(stage.on_record(env, port, lambda: at(1)))
+    again = asyncio.run(stage.on_record(env, port, lambda: at(2)))
+    assert asked == ["call-1"] and first.records("verdicts") == [the_verdict(0.7)]
+    assert again.emits == [] and again.stats["judge.skipped"] == 1
+    declined = asyncio.run(JudgeStage(decline="not asked").on_record(env, port, lambda: at(3)))
+    [verdict] = declined.records("verdicts")
+    assert asked == ["call-1"] and verdict.error == "not asked"  # type: ignore[attr-defined]
+    garbage = EDGE.open("p.judge-requests", 0, 2, b"call-1", b"not avro")
+    bad = asyncio.run(stage.on_record(garbage, port, lambda: at(4)))
+    assert [r.stage for r in bad.rejects] == ["judge"] and bad.rejects[0].source is not None

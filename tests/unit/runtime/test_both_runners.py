@@ -20,15 +20,17 @@ import streams.runtime.live as live
 from streams.codec import SchemaRegistry
 from streams.core.backfill import Backfill, backfill_config, plan_feedback
 from streams.core.feedback import FeedbackRequest, deliver
+from streams.core.judge import JudgeStage
 from streams.core.store import MemoryStore
 from streams.devtools.standin import judge_score
-from streams.io.judge import JudgeClient, judge
+from streams.io.judge import JudgeClient, judge_port
 from streams.models import (
     AvroModel,
     CommitRecord,
     DeadLetter,
     FeedbackAck,
     JudgeRequest,
+    JudgeVerdict,
     LedgerState,
     RewardedTrajectory,
     SelectionDecision,
@@ -44,6 +46,7 @@ from tests.unit.core.harness import REPO_ROOT, ScriptedTrinity, m
 from tests.unit.factories import at, end, feedback, start, step
 
 CODEC = SchemaRegistry.default()
+Answer = tuple[str, float | None, str | None, str, str, int]
 Row = tuple[float, str, AvroModel, bytes | None]  # seconds after T0, kind, record, key override
 
 
@@ -159,6 +162,9 @@ class Result:
     judge_requests: list[JudgeRequest]
     """Without requested_at: the live stage dates them by its clock, replay by record time."""
     ack_records: list[FeedbackAck]
+    verdicts: list[Answer]
+    """What the judge stage answered, by call: score, error, prompt hash, raw answer, attempts
+    (not its dates: each runner's clock)."""
 
 
 class Sink:
@@ -288,11 +294,18 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         [(a.rewarded.trajectory_id, a.attempts, a.feedbacks) for a in decoded("ledger")],
         [_undated(r) for r in decoded("judge_requests")],
         decoded("ledger"),
+        _verdicts(decoded("verdicts")),
     )
 
 
 def _undated(request: JudgeRequest) -> JudgeRequest:
     return request.model_copy(update={"requested_at": at(0)})
+
+
+def _verdicts(verdicts: list[JudgeVerdict]) -> list[Answer]:
+    return sorted(
+        (v.call_id, v.score, v.error, v.prompt_hash, v.raw_answer, v.attempts) for v in verdicts
+    )
 
 
 def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
@@ -312,16 +325,13 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
         runner.feed(SourceRecord(kind, 0, offset, at(seconds), key, CODEC.encode(record)))  # type: ignore[arg-type]
     runner.finish(at(until))
     judge_requested = list(runner.judge_requests.values())
-    if runner.judge_requests:  # as run_replay asks for the calls without a stored verdict
-
-        async def ask() -> list[Any]:
-            client = fake_judge()
-            requests = list(runner.judge_requests.values())
-            return [
-                await judge(client, r, p.judge_policy, clock=lambda: at(until)) for r in requests
-            ]
-
-        runner.add_verdicts(asyncio.run(ask()))
+    verdicts: list[JudgeVerdict] = []
+    if runner.judge_requests:  # as run_replay asks for the calls without a stored verdict:
+        # the same judge stage, over the same port as the live worker's (the stand-in's answers)
+        client = fake_judge()
+        port = judge_port(lambda: client, p.judge_policy, clock=lambda: at(until))
+        verdicts = asyncio.run(runner.judge(JudgeStage(), port, lambda: at(until)))
+        assert runner.stats["judge.asked"] == len(judge_requested)
     rewards = [r for _, r in runner.scored()]
     sent: list[tuple[list[str], float]] = []
 
@@ -344,6 +354,7 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
         [(a.rewarded.trajectory_id, a.attempts, a.feedbacks) for a in acks],
         [_undated(r) for r in judge_requested],
         acks,
+        _verdicts(verdicts),
     )
 
 
@@ -359,6 +370,7 @@ def test_both_runners_decide_alike(case: str, monkeypatch: pytest.MonkeyPatch) -
     assert mine.rejects == theirs.rejects
     assert mine.acks == theirs.acks
     assert mine.judge_requests == theirs.judge_requests
+    assert mine.verdicts == theirs.verdicts
     assert mine.decisions  # every case closes something
     acks = [CODEC.encode(a) for a in theirs.ack_records]
     assert live_commits(settings, acks, monkeypatch) == backfill_commits(settings, acks)
@@ -444,6 +456,8 @@ def test_the_cases_cover_what_matters() -> None:
     assert any(fb for r in results for t in r.rewards for fb in [t.reward != 0.5])
     assert any(len(r.feedback) > len(r.rewards) for r in results)  # per-step requests
     assert any(r.judge_requests for r in results)
+    scored = [v for r in results for v in r.verdicts]
+    assert any(v[1] is not None for v in scored) and any(v[2] is not None for v in scored)
     assert any(requests > 1 for r in results for _, _, requests in r.acks)
     # between them the cases commit when an interval ends (more than one feedback) and at the end
     commits = [
