@@ -62,7 +62,9 @@ from .models import (
 __all__ = ["ACCEPTS", "Edge", "Envelope", "Record", "Source", "Tombstone", "misplaced", "role_of"]
 
 
-@dataclass(frozen=True, slots=True)
+# Source and Envelope are plain (not frozen) dataclasses: one of each is made per record read,
+# and a frozen dataclass's __init__ costs an object.__setattr__ per field. Treat them as values.
+@dataclass(slots=True)
 class Source:
     """One input record, as the runner read it."""
 
@@ -94,7 +96,7 @@ class Tombstone:
 Record = AvroModel | Tombstone
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Envelope:
     """A record for a stage: where it is (``partition``, ``offset``, ``key``), the decoded
     ``record`` or the ``problem`` that made it unusable, and the ``source`` as read (None for a

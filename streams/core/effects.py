@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from ..envelope import Envelope, Source
 from ..models import AvroModel, DeadLetter
@@ -71,13 +71,22 @@ class Reject:
         return self.stage == "late"
 
 
+class Stats(Counter[str]):
+    """A stage's counts: a Counter made without Counter's own ``__init__`` (one per step,
+    most of them empty)."""
+
+    def __init__(self, iterable: Any = None, /, **counts: int) -> None:
+        if iterable is not None or counts:
+            super().__init__(iterable, **counts)
+
+
 @dataclass(slots=True)
 class Out:
     """Everything one step decided."""
 
     emits: list[Emit] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
-    stats: Counter[str] = field(default_factory=Counter)
+    stats: Counter[str] = field(default_factory=Stats)
 
     def emit(self, topic: OutputTopic, key: bytes, record: AvroModel, **kw: object) -> None:
         self.emits.append(Emit(topic, key, record, **kw))  # type: ignore[arg-type]

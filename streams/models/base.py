@@ -28,6 +28,8 @@ __all__ = [
 
 
 def _to_utc_millis(value: datetime) -> datetime:
+    if value.tzinfo is UTC and not value.microsecond % 1000:
+        return value  # as decoded from Avro (timestamp-millis): nothing to change
     if value.tzinfo is None:
         raise ValueError("timestamp has no timezone; send UTC, e.g. 2026-01-31T12:00:00Z")
     value = value.astimezone(UTC)
