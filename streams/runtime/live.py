@@ -44,61 +44,45 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import faust
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 from mode.utils.times import want_seconds
 
 from ..codec import SchemaRegistry
 from ..core.assemble import Assembler
-from ..core.clock import wall_clock
-from ..core.effects import Out, Reject, dead_letter
-from ..core.feedback import FeedbackRequest, deliver
-from ..core.judge import JudgeAnswerError, JudgeStage
-from ..core.ledger import CommitPlan, is_held
-from ..core.ledger_batch import run_batch
+from ..core.judge import JudgeStage
 from ..core.ledger_stage import LedgerStage
 from ..core.retry import RetryPolicy
 from ..core.reward_join import RewardJoin
 from ..core.rewards import Rewarder, build_rewarder
 from ..core.select import Strategy, build_strategy
-from ..envelope import Edge, Envelope, Source
-from ..errors import BrokerError, RecordError, TrinityError
-from ..io import kafka
-from ..io.judge import JudgeClient, judge_port, policy_of
+from ..envelope import Edge
+from ..io.judge import JudgeClient, policy_of
 from ..io.security import faust_credentials
-from ..io.trinity import TrinityClient, TrinityGaveUp, retrying
+from ..io.trinity import TrinityClient
 from ..models import (
-    CommitRecord,
-    Comparison,
-    DriftAlert,
-    LedgerState,
-    RewardedTrajectory,
-    RoutingShare,
-    SelectionDecision,
     Tick,
-    WindowSummary,
     utcnow,
 )
 from ..observe.metrics import Metrics, lag_of
 from ..observe.pages import StatusPages
 from ..observe.web import ObserveServer
-from ..settings import RECORD_HEADROOM, Settings
+from ..settings import Settings
 from ..state_codec import is_head_key
 from ..topics import Topics
 from ..wire import TopicFraming
 from . import handover, spans_agent
 from .config import judge_of, ledger_config_of, limits_of
+from .live_guard import raw_input, source_of
+from .live_ports import ObservedTrinity, Ports
 from .producing import install_idempotence, raw_schema
 from .stores import TableStore
 
-__all__ = ["Pipeline", "TableStore", "raw_input", "source_of"]
+__all__ = ["ObservedTrinity", "Pipeline", "TableStore", "raw_input", "source_of"]
 
 log = logging.getLogger("trajstream")
 
@@ -106,35 +90,20 @@ FEEDBACK_BATCH = 64
 JUDGE_BATCH = 32
 LEDGER_BATCH = 500
 BATCH_WITHIN = 0.05  # seconds a batch waits to fill
-UNREAD_LEDGER_S = 5.0  # how long a graceful stop reads the ledger records its consumer left
 PRODUCER_LINGER = 0.005  # seconds the producer waits to fill a batch
 PRODUCER_BATCH = 1 << 20  # bytes in one producer batch (per partition)
 
 
-def raw_input(app: faust.App, *topics: str) -> faust.TopicT:
-    """An agent's input topics as raw bytes: the runner opens them at its edge
-    (:class:`streams.envelope.Edge`; a record that cannot be read is a dead letter, not a crash
-    in Faust's deserializer)."""
-    return app.topic(
-        *topics, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-    )
-
-
-def source_of(event: Any) -> Source:
-    """The core's view of a Faust event."""
-    msg = event.message
-    return Source.read(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
-
-
-class Pipeline:
+class Pipeline(Ports):
     """One Faust application running all four stages. Construct, then run ``pipeline.app``.
 
     The seams: ``trinity`` builds the HTTP client (tests pass one with a mock transport),
     ``strategy`` and ``rewarder`` override what the settings name.
 
-    Why one class: it is the wiring, read top to bottom in the order data flows (topics,
-    tables, the agents, the clocks, then one guard and how each stage's output is sent, and
-    the ports the core's feedback step and ledger sequence run over); the decisions are all in
+    This class is the wiring, read top to bottom in the order data flows (the stages, topics,
+    tables, the agents, the clocks); then, in the modules it builds on, the one guard and how
+    each stage's output is sent (:mod:`.live_guard`), and the ports the core's judge stage,
+    feedback step and ledger sequence run over (:mod:`.live_ports`). The decisions are all in
     :mod:`streams.core`.
     """
 
@@ -171,14 +140,7 @@ class Pipeline:
         )
         self._judge: JudgeClient | None = None
         self.judge_stage = JudgeStage()
-        # the judge stage's port: the one retry loop over this worker's client, with the
-        # reward stage's clock (requested_at is in it)
-        self.ask_judge = judge_port(
-            lambda: self.judge_client,
-            self.judge_policy,
-            clock=lambda: wall_clock(),
-            on_retry=self._judge_retried,
-        )
+        self.ask_judge = self._judge_port()
         self.limits = limits_of(settings)
         self.ledger_cfg = ledger_config_of(settings)
         self.retry = RetryPolicy(max_age=settings.trinity.retry_max_age_s)
@@ -429,321 +391,6 @@ class Pipeline:
         out[f"{self.app.conf.id}-__assignor-__leader"] = (1, {})
         return out
 
-    @property
-    def trinity(self) -> TrinityClient:
-        if self._trinity is None:
-            observed = ObservedTrinity(self._trinity_factory(), self.metrics)
-            self._trinity = observed  # type: ignore[assignment]
-        return self._trinity
-
-    # -- sending what the core decided ---------------------------------------------------------
-
-    def guarded_agent(
-        self,
-        app: faust.App,
-        stage: str,
-        topics: tuple[str, ...],
-        step: Callable[[Envelope, datetime], Out],
-    ) -> None:
-        """Mount agent ``stage`` on ``app``: ``step`` on each record of ``topics`` (opened at
-        the edge) under the one guard (:meth:`_guard`), record by record."""
-
-        async def agent(stream: faust.StreamT) -> None:
-            async for event in stream.events():
-                await self._guard(stage, event, step)
-
-        app.agent(raw_input(app, *topics), name=stage)(agent)
-
-    async def _guard(
-        self, stage: str, event: Any, step: Callable[[Envelope, datetime], Out]
-    ) -> None:
-        """Run one stage step on a record and send what it decided."""
-
-        async def run(env: Envelope) -> Out:
-            return step(env, wall_clock())
-
-        await self._guarded(stage, source_of(event), run)
-
-    async def _guarded(
-        self,
-        stage: str,
-        src: Source,
-        run: Callable[[Envelope], Awaitable[Out]],
-        *,
-        expected: tuple[type[Exception], ...] = (),
-        count: bool = True,
-    ) -> Out:
-        """The one guard of every stage: open the record at the edge, run the stage on it and
-        send what it decided; anything it could not handle becomes a dead letter of ``stage``,
-        never a crash (logged with its traceback unless it is one of the ``expected`` errors,
-        which say all in their reason)."""
-        if count:
-            self.metrics.event_in(src.topic)
-        try:
-            out = await run(self.edge.read(src))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, expected):
-                log.exception("%s: unexpected error on %s", stage, src.where())
-            out = Out()
-            out.reject(Reject.of(stage, exc, src))
-        await self._send(out)
-        return out
-
-    async def _send(self, out: Out) -> None:
-        self.stats.update(out.stats)
-        for emit in out.emits:
-            topic = getattr(self, f"t_{emit.topic}")
-            partition = 0 if emit.topic == "ledger" else None
-            value = self.codec.encode(emit.record)
-            await topic.send(key=emit.key, value=value, partition=partition)
-            self._observe(emit.record)
-        for reject in out.rejects:
-            await self._reject(reject)
-
-    def _observe(self, record: Any) -> None:
-        if isinstance(record, SelectionDecision):
-            self.metrics.decision(record.selection)
-        elif isinstance(record, WindowSummary):
-            self.metrics.window(record)
-        elif isinstance(record, DriftAlert):
-            self.metrics.drift_alert(record)
-        elif isinstance(record, Comparison):
-            self.metrics.comparison(record)
-        elif isinstance(record, RoutingShare):
-            self.metrics.routing(record)
-
-    async def _reject(self, reject: Reject) -> None:
-        record = dead_letter(
-            reject,
-            utcnow(),
-            self.worker_name,
-            self.topics.trajectories,
-            max_payload=self.settings.kafka.max_record_bytes - RECORD_HEADROOM,
-        )
-        if reject.late:
-            self.metrics.late_event()
-            await self.t_late.send(key=record.key, value=self.codec.encode(record))
-            return
-        self.stats[f"dead_letters.{reject.stage}"] += 1
-        self.metrics.dead_letter(reject.stage)
-        where = reject.source.where() if reject.source else f"call {record.key!r}"
-        log.warning("dead letter (%s) %s: %s", reject.stage, where, record.reason)
-        await self.t_dead.send(key=record.key, value=self.codec.encode(record))
-
-    # -- 2b. judge ---------------------------------------------------------------------------
-
-    @property
-    def judge_client(self) -> JudgeClient:
-        if self._judge is None:
-            self._judge = self._judge_factory()
-        return self._judge
-
-    async def _judge_guarded(self, event: Any) -> None:
-        """One judge request through the core's judge stage, the judge asked over this
-        worker's port: its verdict (scored or not) on ``<p>.verdicts``; a request that cannot
-        be read is a ``judge`` dead letter. Never raises for what the judge answered."""
-
-        async def step(env: Envelope) -> Out:
-            out = await self.judge_stage.on_record(env, self.ask_judge, wall_clock)
-            for verdict in out.records("verdicts"):
-                self.metrics.judge_verdict(scored=verdict.error is None)  # type: ignore[attr-defined]
-            return out
-
-        await self._guarded(
-            "judge", source_of(event), step, expected=(RecordError, JudgeAnswerError)
-        )
-
-    def _judge_retried(self) -> None:
-        self.stats["judge.retries"] += 1
-        self.metrics.judge_retry()
-
-    # -- 3. feedback -------------------------------------------------------------------------
-
-    async def _feedback_guarded(self, event: Any) -> None:
-        await self._guarded(
-            "feedback", source_of(event), self._feedback, expected=(RecordError,), count=False
-        )
-
-    async def send_feedback(self, request: FeedbackRequest, what: str) -> int:
-        """The feedback stage's port (:class:`~streams.core.feedback.FeedbackPort`): one
-        request under the one retry policy, at most ``trinity.max_connections`` at once; a
-        rejection or giving up is a :class:`RecordError` (a dead letter with the reason)."""
-
-        def retried() -> None:
-            self.stats["feedback.retries"] += 1
-            self.metrics.feedback_retry()
-
-        async def send() -> None:
-            async with self._http_slots:
-                await self.trinity.feedback(
-                    request.msg_ids, request.reward, request.task_id, request.run_id
-                )
-
-        try:
-            tries, _ = await retrying(send, self.retry, what, on_retry=retried)
-        except TrinityGaveUp as exc:
-            raise RecordError(str(exc)) from exc
-        except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
-            raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
-        return tries
-
-    async def _feedback(self, env: Envelope) -> Out:
-        rewarded = env.open()
-        assert isinstance(rewarded, RewardedTrajectory)  # the edge lets nothing else through
-        started = time.monotonic()
-        ack = await deliver(rewarded, self.send_feedback, utcnow)
-        self.stats["feedback.acked"] += 1
-        self.metrics.feedback_acked(time.monotonic() - started)
-        out = Out()
-        out.emit("ledger", rewarded.trajectory_id.encode(), ack)  # partition 0: see _send
-        return out
-
-    # -- 4. ledger ---------------------------------------------------------------------------
-
-    async def _ledger(self, events: list[Any]) -> None:
-        """Apply a batch of ledger records, then decide windows and commits once (the core's
-        one sequence, :func:`~streams.core.ledger_batch.run_batch`)."""
-        for e in events:
-            self.metrics.event_in(e.message.topic)
-        envelopes = [self.edge.read(source_of(e)) for e in events]
-
-        async def read(state: LedgerState) -> list[Envelope]:
-            return envelopes
-
-        async with self._ledger_lock:
-            batch = await run_batch(self.ledger_stage, self, read, utcnow)
-            self.metrics.ledger(batch.state)
-        await self._send(batch.applied)
-
-    # the ledger sequence's port (streams.core.ledger_batch.LedgerPort); `trinity` above
-
-    async def send_decided(self, out: Out) -> None:
-        for alert in out.records("alerts"):
-            assert isinstance(alert, DriftAlert)
-            log.warning(
-                "reward drift: %s/%s window mean %.3f < %.2f x trailing %.3f",
-                alert.agent_name,
-                alert.model,
-                alert.mean,
-                alert.fraction,
-                alert.trailing_mean,
-            )
-        await self._send(out)
-
-    async def write_ahead(self, state: LedgerState) -> None:
-        self.ledger_stage.save(state)
-        await self.app.producer.flush()
-
-    async def recorded(self, record: CommitRecord | None, plan: CommitPlan | None) -> None:
-        if record is None:
-            if plan is not None:
-                self.stats["commit.failures"] += 1
-            return
-        held = is_held(record)
-        self.stats[
-            "commits" if record.sent else "commits.held" if held else "commits.not_sent"
-        ] += 1
-        self.metrics.commit(sent=record.sent, held=held)
-        log.info(
-            "commit %d%s: %d feedbacks",
-            record.commit_seq,
-            ""
-            if record.sent
-            else " (held: rewards dropped)"
-            if held
-            else " (not sent: nothing ready at Trinity)",
-            record.feedback_count,
-        )
-        await self.t_commits.send(
-            key=str(record.commit_seq).encode(), value=self.codec.encode(record)
-        )
-
-    def _holds_ledger(self, consumer: Any) -> bool:
-        try:
-            return TopicPartition(self.topics.ledger, 0) in consumer.assignment()
-        except Exception:  # not started yet, or between assignments
-            return False
-
-    async def final_commit(self) -> None:
-        """On a graceful stop: commit what was acknowledged, if this worker holds the ledger.
-
-        It holds it when its ledger table has a state, and also when it was assigned the
-        ledger and the table was restored with none yet: a stop that comes right after a
-        rebalance, before the ledger agent took its first record, still commits the
-        acknowledgements on ``<p>.ledger`` (read here from the start). A worker whose table
-        was not restored (a stop during recovery) leaves the batch to the next owner."""
-        if not (self.ledger_stage.exists() or self._ledger_restored):
-            return
-
-        async def read(state: LedgerState) -> list[Envelope]:
-            # the consumer stopped before this signal: acknowledgements already on the
-            # ledger that the ledger agent had not taken are applied here (each offset
-            # once, so the next owner skips them), so that the final commit counts them
-            unread = await self._unread_ledger(state.applied_offset)
-            if unread:
-                log.info(
-                    "final commit: %d ledger records read after the consumer stopped",
-                    len(unread),
-                )
-            return unread
-
-        async with self._ledger_lock:
-            try:
-                batch = await run_batch(self.ledger_stage, self, read, utcnow, closing=True)
-                if batch.plan is not None:
-                    log.info("final commit of %d acknowledged feedbacks", batch.plan.count)
-                await self._send(batch.applied)
-                await self.app.producer.flush()
-            except Exception:  # the stop goes on; the next owner commits the batch
-                log.exception("final commit failed")
-
-    async def _unread_ledger(self, applied_offset: int) -> list[Envelope]:
-        """The records on ``<p>.ledger`` after ``applied_offset`` (once the producer has sent
-        what this worker wrote); none when they cannot be read within UNREAD_LEDGER_S: the next
-        owner of the ledger applies them then."""
-        tp = TopicPartition(self.topics.ledger, 0)
-        reader = kafka.consumer(self.bootstrap, self.settings.kafka.security)
-        try:
-            async with asyncio.timeout(UNREAD_LEDGER_S):
-                await self.app.producer.flush()
-                await reader.start()
-                end = (await reader.end_offsets([tp]))[tp]
-                if end <= applied_offset + 1:
-                    return []
-                got = await kafka.fetch_ranges(
-                    reader, {tp: (applied_offset + 1, end)}, lambda _: None
-                )
-        except (TimeoutError, KafkaError, BrokerError) as exc:
-            log.warning("final commit: the unread ledger records were not read (%s)", exc)
-            return []
-        finally:
-            await reader.stop()
-        return [self.edge.open(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
-
-
-class ObservedTrinity:
-    """The Trinity client with every failed request counted (``trajstream_trinity_errors_total``
-    by route and kind); it answers and raises exactly as the client does."""
-
-    def __init__(self, client: TrinityClient, metrics: Metrics) -> None:
-        self._client = client
-        self._metrics = metrics
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        if name not in ("feedback", "commit", "metrics"):
-            return attr
-
-        async def observed(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await attr(*args, **kwargs)
-            except TrinityError as exc:
-                self._metrics.trinity_error(name, exc)
-                raise
-
-        return observed
 
 
 def _consumer_lag(consumer: Any) -> dict[tuple[str, int], int]:

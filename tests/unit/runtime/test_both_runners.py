@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-import streams.runtime.live as live
+import streams.runtime.live_guard as live_guard
+import streams.runtime.live_ports as live_ports
 from streams.codec import SchemaRegistry
 from streams.core.backfill import Backfill, backfill_config, plan_feedback
 from streams.core.feedback import FeedbackRequest, deliver
@@ -228,7 +229,8 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
     ):
         setattr(p, f"t_{name}", Sink(name, sent))
     clock = {"now": at(0)}
-    monkeypatch.setattr(live, "wall_clock", lambda: clock["now"])
+    for module in (live_guard, live_ports):  # the stages' clock and the judge's
+        monkeypatch.setattr(module, "wall_clock", lambda: clock["now"])
     t = p.topics
     offsets = iter(range(10**6))
 
@@ -403,7 +405,7 @@ def live_commits(
 
     monkeypatch.setattr(type(p.app), "producer", Producer(), raising=False)
     clock = {"now": at(0)}
-    monkeypatch.setattr(live, "utcnow", lambda: clock["now"])
+    monkeypatch.setattr(live_ports, "utcnow", lambda: clock["now"])
 
     async def main() -> None:
         for i, value in enumerate(acks):
@@ -489,7 +491,7 @@ def test_the_live_ledger_records_experiences_on_its_first_commit(
 
     monkeypatch.setattr(type(p.app), "producer", Producer(), raising=False)
     clock = {"now": at(0)}
-    monkeypatch.setattr(live, "utcnow", lambda: clock["now"])
+    monkeypatch.setattr(live_ports, "utcnow", lambda: clock["now"])
     acks = [Event(p.topics.ledger, i, b"k", CODEC.encode(ack(f"t{i}"))) for i in range(3)]
     asyncio.run(p._ledger(acks))  # acknowledged in the first interval
     clock["now"] = at(61)  # a tick in the next one: the commit is due

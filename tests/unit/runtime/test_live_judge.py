@@ -83,9 +83,9 @@ def test_the_judge_stage_answers_a_request_made_again_once(
     sent: list = []
     p.t_verdicts, p.t_dead = Sink("verdicts", sent), Sink("dead", sent)  # type: ignore[assignment]
     codec = SchemaRegistry.default()
-    import streams.runtime.live as live
+    import streams.runtime.live_ports as live_ports
 
-    monkeypatch.setattr(live, "wall_clock", lambda: at(1))
+    monkeypatch.setattr(live_ports, "wall_clock", lambda: at(1))
     request = codec.encode(JudgeSpec("j", "Score.").request(trajectory(), at(0)))
     for offset in (1, 2):
         asyncio.run(p._judge_guarded(Event("p.judge-requests", offset, b"call-1", request)))
