@@ -155,9 +155,7 @@ class RewardJoin:
                 case JudgeVerdict() as verdict:
                     self._verdict(env, verdict, now, out)
                 case Trajectory() as trajectory:
-                    # the stage's own copy, which it may attach feedback to
-                    own = trajectory.model_copy(update={"feedback": list(trajectory.feedback)})
-                    self._join(env, own, now, out)
+                    self._join(env, trajectory, now, out)
                 case UserFeedback() as feedback:
                     check_not_future("event_time", feedback.event_time, now, self.max_future)
                     self._join(env, feedback, now, out)
@@ -189,6 +187,7 @@ class RewardJoin:
             out.stats["trajectories.duplicate"] += 1
             if entry.judge_requested_at is not None:
                 self._ask_again(key, entry, out)
+        arrived = entry.trajectory is record  # the trajectory came with this record
         trajectory = entry.trajectory
         if trajectory is not None:
             if not self.score_incomplete and trajectory.closed_reason != "ended":
@@ -197,7 +196,11 @@ class RewardJoin:
                 return
             if not entry.ready:  # once ready, the feedback attached is final
                 known = {f.event_id for f in trajectory.feedback}
-                trajectory.feedback.extend(f for f in entry.feedback if f.event_id not in known)
+                extra = [f for f in entry.feedback if f.event_id not in known]
+                if extra:  # on a copy: the record given may be shared (replay hands objects)
+                    feedback = [*trajectory.feedback, *extra]
+                    trajectory = trajectory.model_copy(update={"feedback": feedback})
+                    entry.trajectory = trajectory
                 entry.ready = not (
                     self.rewarder.wants_feedback
                     and not trajectory.feedback
@@ -205,7 +208,7 @@ class RewardJoin:
                 )
             if self._scored(key, entry, env.source, now, out):
                 return
-        if not entry.ready and (not raw or entry.trajectory is record):
+        if not entry.ready and (not raw or arrived):
             # new entry, or its deadline changes
             self._index(env.partition).set(key, entry.since + self._wait_limit(entry))
         self.awaiting.set(key, self.stored.dump(entry))

@@ -2,10 +2,12 @@
 
 Each agent is a short loop that hands a record to a stage of :mod:`streams.core` with the
 wall clock as ``now`` and sends what the stage returns; the Faust tables are the stages' stores
-(:class:`TableStore`). Records on every topic are raw bytes in Avro single-object encoding
-(:mod:`streams.codec`), so a record that cannot be decoded or validated becomes a dead letter,
-with its reason and source topic/partition/offset, instead of a crash or a silent skip inside
-Faust's deserializer.
+(:class:`TableStore`). Agents read raw bytes and open each record at the edge
+(:mod:`streams.envelope`, in :mod:`.live_guard`), so a record that cannot be decoded or
+validated, or that does not belong on its topic, becomes a dead letter with its reason and
+source topic/partition/offset, instead of a crash or a silent skip inside Faust's deserializer.
+The guard and the sending are in :mod:`.live_guard`, the ports of the stages with effects
+(judge, feedback, ledger) in :mod:`.live_ports`; this module is the wiring.
 
 0. ``spans``      spans + ticks -> agent-events (OTLP trace fragments -> each call's records;
                   :mod:`.spans_agent`, :class:`~streams.core.spans.SpanResolver`; table ``traces``)
