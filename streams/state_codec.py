@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import io
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import fastavro
@@ -100,6 +101,43 @@ class OpenCallLayout:
         return {"call_id": "", "partition": -1, "first_seen": None}
 
     def write(self, item: dict[str, Any]) -> bytes:
+        """The entry's bytes: the same as fastavro writes them (a unit test holds the two
+        together), written by hand because one is written per event (about four times
+        faster)."""
+        first_seen = item["first_seen"]
+        try:
+            if first_seen is None:
+                when = b"\x00"
+            elif first_seen.tzinfo is not None:
+                delta = first_seen - _EPOCH
+                millis = (delta.days * 86400 + delta.seconds) * 1000 + delta.microseconds // 1000
+                when = b"\x02" + _long(millis)
+            else:
+                return self._fastavro(item)  # a naive time: fastavro's rule (local time)
+            call_id = item["call_id"].encode()
+            event_id = item["event_id"].encode()
+            data = item["data"]
+            return b"".join(
+                (
+                    self.header,
+                    _long(len(call_id)),
+                    call_id,
+                    _long(item["partition"]),
+                    when,
+                    _long(len(event_id)),
+                    event_id,
+                    _long(item["kind"]),
+                    _long(item["seq"]),
+                    _long(item["step_count"]),
+                    _long(item["size"]),
+                    _long(len(data)),
+                    data,
+                )
+            )
+        except (AttributeError, TypeError):  # not the types the schema says: fastavro decides
+            return self._fastavro(item)
+
+    def _fastavro(self, item: dict[str, Any]) -> bytes:
         buf = io.BytesIO()
         buf.write(self.header)
         fastavro.schemaless_writer(buf, self.schema, item)
@@ -137,6 +175,27 @@ class LegacyLayout:
         record = fastavro.schemaless_reader(io.BytesIO(raw[len(self.header) :]), self.schema)
         assert isinstance(record, dict)
         return record
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _long(n: int) -> bytes:
+    """An Avro int or long: zig-zag, then a little-endian base-128 varint."""
+    if not isinstance(n, int) or isinstance(n, bool) or not -(1 << 63) <= n < 1 << 63:
+        raise TypeError(f"not an Avro long: {n!r}")
+    n = (n << 1) ^ (n >> 63)
+    if n < 0x80:
+        return _SMALL[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL = [bytes((i,)) for i in range(0x80)]
 
 
 def _plain(schema: Any) -> Any:

@@ -262,7 +262,11 @@ class ReplayRunner:
             self._joined(index, join.on_tick(partition, now), count=index == 0)
 
     def _assembled(self, out: Out, now: datetime) -> None:
-        self.stats.update({k: v for k, v in out.stats.items() if k.startswith("events.")})
+        if not (out.emits or out.rejects or out.stats):
+            return  # most ticks decide nothing
+        for name, count in out.stats.items():
+            if name.startswith("events."):
+                self.stats[name] += count
         self._rejected(out)
         before_range: set[str] = set()
         for decision in out.records("decisions"):
@@ -302,6 +306,8 @@ class ReplayRunner:
                 self._joined(index, join.on_record(env, now), count=index == 0)
 
     def _joined(self, index: int, out: RewardOut, *, count: bool) -> None:
+        if not (out.emits or out.rejects or out.stats or out.scored):
+            return  # most ticks decide nothing
         if count:
             self.stats["trajectories.incomplete"] += out.stats["trajectories.incomplete"]
         # the rewarded records come with their feedback in out.scored; of the emits only the
