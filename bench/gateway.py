@@ -16,7 +16,8 @@ drives both from this process with aiohttp. It reports, as a table and as JSON
                recording), what any gateway in one Python process costs on this machine
 2. latency     open loop at each --rates: p50/p99 through the gateway, the floor and direct at
                the same rate; "added" is the difference to direct
-3. rss         the gateway process's RSS sampled every second over a --soak run at that rate,
+3. rss         the gateway's RSS (its process and the recorder's) sampled every second over a
+               --soak run at that rate,
                each call ended with /end as agents do: first, max, last, and last minus the
                value after the first tenth of the run
 
@@ -73,11 +74,20 @@ def spawn(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, **kwargs)  # started once, before anything is measured
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+def rss_kib(pid: int, children: bool = True) -> int:
+    """The RSS of ``pid`` and (with ``children``) of its child processes (the recorder)."""
+    total = 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total = int(line.split()[1])
+        if children:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                for child in (task / "children").read_text().split():
+                    total += rss_kib(int(child))
+    except FileNotFoundError:  # gone meanwhile
+        pass
+    return total
 
 
 async def wait_http(url: str, timeout: float = 60) -> None:
@@ -245,6 +255,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             TRAJSTREAM_SELECTION__STRATEGY="sampling:0.5",
             TRAJSTREAM_GATEWAY__SPILL_DIR=str(tmp / "spill"),
             TRAJSTREAM_GATEWAY__DURABILITY=args.durability,
+            TRAJSTREAM_GATEWAY__RECORDER=args.recorder,
         )
         profiler = (
             ["py-spy", "record", "--format", "raw", "--rate", "250", "-o", str(args.py_spy), "--"]
@@ -334,6 +345,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": args.seconds,
             "concurrency": args.concurrency,
             "durability": args.durability,
+            "recorder": args.recorder,
             "load_average": os.getloadavg(),
             "max_rate": {
                 "gateway_rps": round(gw_max, 1),
@@ -371,7 +383,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> None:
     mx, rss, rec = result["max_rate"], result["rss_kib"], result["recorded"]
     print(
-        f"durability {result['durability']}, load average "
+        f"durability {result['durability']}, recorder {result.get('recorder')}, load average "
         + " ".join(f"{x:.1f}" for x in result["load_average"])
     )
     print(
@@ -418,6 +430,12 @@ if __name__ == "__main__":
         help="open-loop latency phases, requests/s (default 500,1000; --quick: 200)",
     )
     parser.add_argument("--durability", choices=("buffered", "acked"), default="buffered")
+    parser.add_argument(
+        "--recorder",
+        choices=("process", "loop"),
+        default="process",
+        help="gateway.recorder: records built and sent by a child process, or on the serving loop",
+    )
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument(
         "--py-spy",

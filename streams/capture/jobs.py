@@ -52,7 +52,10 @@ def _json(data: bytes | dict[str, Any]) -> dict[str, Any]:
 
 def start_job(start: AgentCall, raw_request: bytes) -> Job:
     """The job of a START decided on without its messages: they are read from the request."""
-    return "start", (dict(start.__dict__), raw_request)
+    fields = {k: v for k, v in start.__dict__.items() if k in start.model_fields_set}
+    if start.attributes:  # the route's, added after it was made
+        fields["attributes"] = start.attributes
+    return "start", (fields, raw_request)
 
 
 def _start(fields: dict[str, Any], raw_request: bytes) -> list[AgentCall]:

@@ -155,17 +155,24 @@ class RecorderProcess:
             if isinstance(record, UserFeedback)
             else self.topics.agent_events
         )
-        return self._send(("r", topic, record.call_id.encode(), self.codec.encode(record)), 1)
+        try:
+            value = self.codec.encode(record)
+        except Exception as exc:  # as the publisher does: logged, dropped, its place kept
+            return self._nothing(record.call_id, exc)
+        return self._send(("r", topic, record.call_id.encode(), value), 1)
 
     def publish_lazy(self, call_id: str, build: Callable[[], Record]) -> int:
         """Built here at once (a closure cannot cross to the child); the hot path uses jobs."""
         try:
             record = build()
-        except Exception as exc:  # as the publisher does: logged, dropped, its place kept
-            log.warning("a record of call %s could not be made: %s", call_id, exc)
-            self.stats.unencodable += 1
-            return self._send(("j", call_id, ("none", ())), 1)
+        except Exception as exc:
+            return self._nothing(call_id, exc)
         return self.publish(record)
+
+    def _nothing(self, call_id: str, exc: Exception) -> int:
+        log.warning("a record of call %s could not be made: %s", call_id, exc)
+        self.stats.unencodable += 1
+        return self._send(("j", call_id, ("none", ())), 1)  # its place kept, nothing sent
 
     def publish_job(self, call_id: str, job: Job) -> int:
         """Queue the records ``job`` makes; built and encoded by the child."""
