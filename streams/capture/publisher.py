@@ -259,11 +259,16 @@ class Publisher:
     def publish_job(self, call_id: str, job: Job) -> int:
         """Queue the records ``job`` makes (:mod:`.jobs`), built and encoded in the background
         like :meth:`publish_lazy`'s; returns the position of its last record."""
-        built: list[Any] = []
+        built: list[Any] = []  # the records, or what building them raised: built once
 
         def record(i: int) -> AgentCall | Completion:
             if not built:
-                built.append(build_job(job))
+                try:
+                    built.append(build_job(job))
+                except Exception as exc:
+                    built.append(exc)
+            if isinstance(built[0], Exception):
+                raise built[0]
             return built[0][i]  # type: ignore[no-any-return]
 
         position = self._position
