@@ -90,6 +90,22 @@ def rss_kib(pid: int, children: bool = True) -> int:
     return total
 
 
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of ``pid`` and of its child processes (the recorder) so far:
+    the work per request, whatever else the machine runs."""
+    own = children = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        own = (int(fields[11]) + int(fields[12])) / tick
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                children += sum(cpu_s(int(child)))
+    except FileNotFoundError:  # gone meanwhile
+        pass
+    return own, children
+
+
 async def wait_http(url: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as http:
@@ -255,8 +271,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             TRAJSTREAM_SELECTION__STRATEGY="sampling:0.5",
             TRAJSTREAM_GATEWAY__SPILL_DIR=str(tmp / "spill"),
             TRAJSTREAM_GATEWAY__DURABILITY=args.durability,
-            TRAJSTREAM_GATEWAY__RECORDER=args.recorder,
         )
+        if args.recorder:  # else the gateway's default (process)
+            env["TRAJSTREAM_GATEWAY__RECORDER"] = args.recorder
         profiler = (
             ["py-spy", "record", "--format", "raw", "--rate", "250", "-o", str(args.py_spy), "--"]
             if args.py_spy
@@ -290,12 +307,20 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
         await max_rate(gateway_url, min(2.0, args.seconds), args.concurrency)  # warm up
         before = (await health_of(gateway))["publisher"]
+        cpu_before, served_before = cpu_s(gw.pid), (await health_of(gateway))["requests"]
         gw_max = await max_rate(gateway_url, args.seconds, args.concurrency)
         after = (await health_of(gateway))["publisher"]
+        served = (await health_of(gateway))["requests"] - served_before
+        cpu_after = cpu_s(gw.pid)
         recorded = {  # START and one step a call, recorded while the phase ran
             "records_per_s": round((after["published"] - before["published"]) / args.seconds, 1),
             "spilled_during_max_rate": after["spilled_total"] - before["spilled_total"],
             "buffered_at_end": after["buffered"],
+            # CPU per request during the phase: the serving process; its recorder process
+            "cpu_ms_per_request": {
+                "serving": round((cpu_after[0] - cpu_before[0]) * 1000 / max(1, served), 3),
+                "recorder": round((cpu_after[1] - cpu_before[1]) * 1000 / max(1, served), 3),
+            },
         }
         direct_max = await max_rate(direct_url, args.seconds, args.concurrency)
         floor_max = await max_rate(floor_url, args.seconds, args.concurrency)
@@ -395,6 +420,12 @@ def report(result: dict[str, Any]) -> None:
         f"recorded      {rec['records_per_s']:.1f} records/s during the max-rate phase, "
         f"{rec['spilled_during_max_rate']} spilled, {rec['buffered_at_end']} buffered at its end"
     )
+    if "cpu_ms_per_request" in rec:
+        cpu = rec["cpu_ms_per_request"]
+        print(
+            f"cpu/request  serving process {cpu['serving']:.3f} ms, recorder process "
+            f"{cpu['recorder']:.3f} ms (during the max-rate phase)"
+        )
     for lat in result["latency_by_rate"]:
         h = lat["overhead_histogram_ms"]
         print(
@@ -433,8 +464,9 @@ if __name__ == "__main__":
     parser.add_argument(
         "--recorder",
         choices=("process", "loop"),
-        default="process",
-        help="gateway.recorder: records built and sent by a child process, or on the serving loop",
+        default=None,
+        help="gateway.recorder: records built and sent by a child process (the default), or on "
+        "the serving loop",
     )
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument(

@@ -268,7 +268,6 @@ class RecorderProcess:
     async def _spawn(self) -> None:
         from ..io.kafka import process_framing
 
-        began_at = self._position  # what is published from now on goes to this child
 
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -279,6 +278,8 @@ class RecorderProcess:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
         )  # fmt: skip
         assert self._proc.stdin is not None
+        # what is published from now on goes to this child; what went to a dead one is lost
+        began_at = self._lost_upto = max(self._lost_upto, self._position)
         data = pickle.dumps((self.settings, process_framing() is not None), _PROTOCOL)
         self._proc.stdin.write(_LEN.pack(len(data)) + data)
         loop = asyncio.get_running_loop()
@@ -289,8 +290,6 @@ class RecorderProcess:
         except TimeoutError:
             raise RuntimeError("the recorder process did not start within 120 s") from None
         self._offset = began_at - position
-        if position:
-            log.info("publishing %d spilled records from %s", position, self.spill.directory)
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
