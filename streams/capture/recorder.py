@@ -372,8 +372,11 @@ class _Child:
         self._last_report = 0.0
 
     def send(self, message: tuple[Any, ...]) -> None:
+        if self.out.is_closing():  # the gateway is gone: nobody to tell
+            return
         data = pickle.dumps(message, _PROTOCOL)
-        self.out.write(_LEN.pack(len(data)) + data)
+        with contextlib.suppress(RuntimeError, ConnectionError):
+            self.out.write(_LEN.pack(len(data)) + data)
 
     def counts(self) -> dict[str, Any]:
         return self.publisher.health()
