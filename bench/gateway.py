@@ -16,7 +16,8 @@ drives both from this process with aiohttp. It reports, as a table and as JSON
                recording), what any gateway in one Python process costs on this machine
 2. latency     open loop at each --rates: p50/p99 through the gateway, the floor and direct at
                the same rate; "added" is the difference to direct
-3. rss         the gateway process's RSS sampled every second over a --soak run at that rate,
+3. rss         the gateway's RSS (its process and the recorder's) sampled every second over a
+               --soak run at that rate,
                each call ended with /end as agents do: first, max, last, and last minus the
                value after the first tenth of the run
 
@@ -73,11 +74,36 @@ def spawn(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, **kwargs)  # started once, before anything is measured
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+def rss_kib(pid: int, children: bool = True) -> int:
+    """The RSS of ``pid`` and (with ``children``) of its child processes (the recorder)."""
+    total = 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total = int(line.split()[1])
+        if children:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                for child in (task / "children").read_text().split():
+                    total += rss_kib(int(child))
+    except FileNotFoundError:  # gone meanwhile
+        pass
+    return total
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of ``pid`` and of its child processes (the recorder) so far:
+    the work per request, whatever else the machine runs."""
+    own = children = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        own = (int(fields[11]) + int(fields[12])) / tick
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                children += sum(cpu_s(int(child)))
+    except FileNotFoundError:  # gone meanwhile
+        pass
+    return own, children
 
 
 async def wait_http(url: str, timeout: float = 60) -> None:
@@ -246,6 +272,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             TRAJSTREAM_GATEWAY__SPILL_DIR=str(tmp / "spill"),
             TRAJSTREAM_GATEWAY__DURABILITY=args.durability,
         )
+        if args.recorder:  # else the gateway's default (process)
+            env["TRAJSTREAM_GATEWAY__RECORDER"] = args.recorder
         profiler = (
             ["py-spy", "record", "--format", "raw", "--rate", "250", "-o", str(args.py_spy), "--"]
             if args.py_spy
@@ -277,44 +305,61 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         floor_url = f"{floor}/v1/chat/completions?call={{}}"
         gateway_url = f"{gateway}/calls/{{}}/v1/chat/completions"
 
-        await max_rate(gateway_url, min(2.0, args.seconds), args.concurrency)  # warm up
-        before = (await health_of(gateway))["publisher"]
-        gw_max = await max_rate(gateway_url, args.seconds, args.concurrency)
-        after = (await health_of(gateway))["publisher"]
-        recorded = {  # START and one step a call, recorded while the phase ran
-            "records_per_s": round((after["published"] - before["published"]) / args.seconds, 1),
-            "spilled_during_max_rate": after["spilled_total"] - before["spilled_total"],
-            "buffered_at_end": after["buffered"],
-        }
-        direct_max = await max_rate(direct_url, args.seconds, args.concurrency)
-        floor_max = await max_rate(floor_url, args.seconds, args.concurrency)
-        by_rate = []
-        for rate in args.rates:
-            direct = await at_rate(direct_url, rate, args.seconds)
-            bare = await at_rate(floor_url, rate, args.seconds)
-            hist = await overhead_buckets(gateway)
-            through = await at_rate(gateway_url, rate, args.seconds)
-            hist_after = await overhead_buckets(gateway)
-            by_rate.append(
-                {
-                    "rate_rps": rate,
-                    "direct": {"p50": pct(direct, 50), "p99": pct(direct, 99), "n": len(direct)},
-                    "gateway": {
-                        "p50": pct(through, 50),
-                        "p99": pct(through, 99),
-                        "n": len(through),
-                    },
-                    "floor": {"p50": pct(bare, 50), "p99": pct(bare, 99), "n": len(bare)},
-                    "added_p50": pct(through, 50) - pct(direct, 50),
-                    "added_p99": pct(through, 99) - pct(direct, 99),
-                    "floor_added_p50": pct(bare, 50) - pct(direct, 50),
-                    "floor_added_p99": pct(bare, 99) - pct(direct, 99),
-                    "overhead_histogram_ms": {
-                        "p50_at_most": bucket_quantile(hist, hist_after, 0.5),
-                        "p99_at_most": bucket_quantile(hist, hist_after, 0.99),
-                    },
-                }
-            )
+        gw_max = direct_max = floor_max = None
+        recorded: dict[str, Any] = {}
+        by_rate: list[dict[str, Any]] = []
+        if not args.soak_only:
+            await max_rate(gateway_url, min(2.0, args.seconds), args.concurrency)  # warm up
+            before = (await health_of(gateway))["publisher"]
+            cpu_before, served_before = cpu_s(gw.pid), (await health_of(gateway))["requests"]
+            gw_max = await max_rate(gateway_url, args.seconds, args.concurrency)
+            after = (await health_of(gateway))["publisher"]
+            served = (await health_of(gateway))["requests"] - served_before
+            cpu_after = cpu_s(gw.pid)
+            recorded = {  # START and one step a call, recorded while the phase ran
+                "records_per_s": round(
+                    (after["published"] - before["published"]) / args.seconds, 1
+                ),
+                "spilled_during_max_rate": after["spilled_total"] - before["spilled_total"],
+                "buffered_at_end": after["buffered"],
+                # CPU per request during the phase: the serving process; its recorder process
+                "cpu_ms_per_request": {
+                    "serving": round((cpu_after[0] - cpu_before[0]) * 1000 / max(1, served), 3),
+                    "recorder": round((cpu_after[1] - cpu_before[1]) * 1000 / max(1, served), 3),
+                },
+            }
+            direct_max = await max_rate(direct_url, args.seconds, args.concurrency)
+            floor_max = await max_rate(floor_url, args.seconds, args.concurrency)
+            for rate in args.rates:
+                direct = await at_rate(direct_url, rate, args.seconds)
+                bare = await at_rate(floor_url, rate, args.seconds)
+                hist = await overhead_buckets(gateway)
+                through = await at_rate(gateway_url, rate, args.seconds)
+                hist_after = await overhead_buckets(gateway)
+                by_rate.append(
+                    {
+                        "rate_rps": rate,
+                        "direct": {
+                            "p50": pct(direct, 50),
+                            "p99": pct(direct, 99),
+                            "n": len(direct),
+                        },
+                        "gateway": {
+                            "p50": pct(through, 50),
+                            "p99": pct(through, 99),
+                            "n": len(through),
+                        },
+                        "floor": {"p50": pct(bare, 50), "p99": pct(bare, 99), "n": len(bare)},
+                        "added_p50": pct(through, 50) - pct(direct, 50),
+                        "added_p99": pct(through, 99) - pct(direct, 99),
+                        "floor_added_p50": pct(bare, 50) - pct(direct, 50),
+                        "floor_added_p99": pct(bare, 99) - pct(direct, 99),
+                        "overhead_histogram_ms": {
+                            "p50_at_most": bucket_quantile(hist, hist_after, 0.5),
+                            "p99_at_most": bucket_quantile(hist, hist_after, 0.99),
+                        },
+                    }
+                )
         rate = args.rates[0]
 
         samples: list[tuple[float, int]] = []
@@ -334,14 +379,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": args.seconds,
             "concurrency": args.concurrency,
             "durability": args.durability,
+            "recorder": args.recorder,
             "load_average": os.getloadavg(),
             "max_rate": {
-                "gateway_rps": round(gw_max, 1),
-                "direct_rps": round(direct_max, 1),
-                "floor_rps": round(floor_max, 1),
+                "gateway_rps": gw_max and round(gw_max, 1),
+                "direct_rps": direct_max and round(direct_max, 1),
+                "floor_rps": floor_max and round(floor_max, 1),
             },
             "recorded": recorded,
-            "latency_ms": by_rate[0],
+            "latency_ms": by_rate[0] if by_rate else None,
             "latency_by_rate": by_rate,
             "rss_kib": {
                 "soak_s": args.soak,
@@ -350,6 +396,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "max": max(k for _, k in samples) if samples else None,
                 "last": samples[-1][1] if samples else None,
                 "drift_after_first_tenth": samples[-1][1] - tenth if samples else None,
+                "curve": [(round(t), kib) for t, kib in samples[::60]],  # one a minute
             },
             "gateway_health": health,
             "failed_requests": dict(FAILED),
@@ -371,18 +418,26 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> None:
     mx, rss, rec = result["max_rate"], result["rss_kib"], result["recorded"]
     print(
-        f"durability {result['durability']}, load average "
+        f"durability {result['durability']}, recorder {result.get('recorder')}, load average "
         + " ".join(f"{x:.1f}" for x in result["load_average"])
     )
-    print(
-        f"max rate      gateway {mx['gateway_rps']:8.1f} req/s   "
-        f"direct {mx['direct_rps']:8.1f} req/s   floor (bare aiohttp proxy) "
-        f"{mx.get('floor_rps', float('nan')):8.1f} req/s   (concurrency {result['concurrency']})"
-    )
-    print(
-        f"recorded      {rec['records_per_s']:.1f} records/s during the max-rate phase, "
-        f"{rec['spilled_during_max_rate']} spilled, {rec['buffered_at_end']} buffered at its end"
-    )
+    if mx["gateway_rps"] is not None:  # not --soak-only
+        print(
+            f"max rate      gateway {mx['gateway_rps']:8.1f} req/s   "
+            f"direct {mx['direct_rps']:8.1f} req/s   floor (bare aiohttp proxy) "
+            f"{mx.get('floor_rps', float('nan')):8.1f} req/s   "
+            f"(concurrency {result['concurrency']})"
+        )
+        print(
+            f"recorded      {rec['records_per_s']:.1f} records/s during the max-rate phase, "
+            f"{rec['spilled_during_max_rate']} spilled, {rec['buffered_at_end']} buffered at its "
+            "end"
+        )
+        cpu = rec["cpu_ms_per_request"]
+        print(
+            f"cpu/request   serving process {cpu['serving']:.3f} ms, recorder process "
+            f"{cpu['recorder']:.3f} ms (during the max-rate phase)"
+        )
     for lat in result["latency_by_rate"]:
         h = lat["overhead_histogram_ms"]
         print(
@@ -392,17 +447,17 @@ def report(result: dict[str, Any]) -> None:
             f"p99 {lat['added_p99']:.2f} ms | overhead (own histogram) p50 <= {h['p50_at_most']}"
             f" ms, p99 <= {h['p99_at_most']} ms"
         )
-        if "floor" in lat:
-            print(
-                f"    floor (bare aiohttp proxy) p50 {lat['floor']['p50']:.2f} ms p99 "
-                f"{lat['floor']['p99']:.2f} ms | added by any Python proxy here p50 "
-                f"{lat['floor_added_p50']:.2f} ms p99 {lat['floor_added_p99']:.2f} ms"
-            )
+        print(
+            f"    floor (bare aiohttp proxy) p50 {lat['floor']['p50']:.2f} ms p99 "
+            f"{lat['floor']['p99']:.2f} ms | added by any Python proxy here p50 "
+            f"{lat['floor_added_p50']:.2f} ms p99 {lat['floor_added_p99']:.2f} ms"
+        )
     print(
         f"gateway RSS over {rss['soak_s']:g} s: first {rss['first']} KiB, after 1/10 "
         f"{rss['after_first_tenth']} KiB, max {rss['max']} KiB, last {rss['last']} KiB "
         f"(drift {rss['drift_after_first_tenth']} KiB)"
     )
+    print("RSS each minute (s, KiB): " + " ".join(f"{t}:{k}" for t, k in rss["curve"]))
 
 
 if __name__ == "__main__":
@@ -418,6 +473,19 @@ if __name__ == "__main__":
         help="open-loop latency phases, requests/s (default 500,1000; --quick: 200)",
     )
     parser.add_argument("--durability", choices=("buffered", "acked"), default="buffered")
+    parser.add_argument(
+        "--soak-only",
+        action="store_true",
+        help="only the RSS soak at the first --rates (no max-rate or latency phases): a long "
+        "soak that does not load the machine past that rate",
+    )
+    parser.add_argument(
+        "--recorder",
+        choices=("process", "loop"),
+        default=None,
+        help="gateway.recorder: records built and sent by a child process (the default), or on "
+        "the serving loop",
+    )
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument(
         "--py-spy",

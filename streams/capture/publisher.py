@@ -50,6 +50,7 @@ from aiokafka import AIOKafkaProducer
 from ..codec import SchemaRegistry
 from ..models import AgentCall, Completion, UserFeedback
 from ..topics import Topics
+from .jobs import Job, build_job, job_size
 
 __all__ = ["Publisher", "PublisherStats", "SpillFiles"]
 
@@ -62,6 +63,8 @@ Queued = tuple[str, bytes, "bytes | Record | Callable[[], Record]"]
 """topic, key, and the value: encoded, a record, or what builds it (encoded in the background)"""
 
 _LEN = struct.Struct(">I")
+_NOTHING: Frame = ("", b"", b"")
+"""the place of a record that could not be made: counted, never sent"""
 _FIRST_SEGMENT = 10_000_000  # room below for what a stop prepends
 WARN_EVERY_S = 60.0
 """An unreachable broker is reported at most this often."""
@@ -228,6 +231,8 @@ class Publisher:
         self.unreachable_since: float | None = None
         """monotonic time since when the broker cannot be reached (None: reached)"""
         self.last_error: str | None = None
+        self.on_advance: Callable[[], None] | None = None
+        """called when the broker acknowledged more records (see :attr:`acked_count`)"""
 
     # -- the agent's side: never waits --------------------------------------------------------
 
@@ -247,6 +252,33 @@ class Publisher:
         A ``build`` that raises is logged and its record dropped."""
         return self._queue((self.topics.agent_events, call_id.encode(), build))
 
+    def publish_encoded(self, topic: str, key: bytes, value: bytes) -> int:
+        """Queue one record encoded already; see :meth:`publish`."""
+        return self._queue((topic, key, value))
+
+    def publish_job(self, call_id: str, job: Job) -> int:
+        """Queue the records ``job`` makes (:mod:`.jobs`), built and encoded in the background
+        like :meth:`publish_lazy`'s; returns the position of its last record."""
+        built: list[Any] = []  # the records, or what building them raised: built once
+
+        def record(i: int) -> AgentCall | Completion:
+            if not built:
+                try:
+                    built.append(build_job(job))
+                except Exception as exc:
+                    built.append(exc)
+            if isinstance(built[0], Exception):
+                raise built[0]
+            return built[0][i]  # type: ignore[no-any-return]
+
+        position = self._position
+        for i in range(job_size(job)):
+            position = self.publish_lazy(call_id, lambda i=i: record(i))  # type: ignore[misc]
+        return position
+
+    async def refresh(self) -> None:
+        """The counts are always current here (see :class:`.recorder.RecorderProcess`)."""
+
     def _encoded(self, item: Queued) -> Frame | None:
         topic, key, value = item
         if isinstance(value, bytes):
@@ -262,10 +294,8 @@ class Publisher:
     def _queue(self, item: Queued) -> int:
         self.stats.queued += 1
         if self.spill or len(self._memory) >= self.max_buffered:
-            frame = self._encoded(item)
-            if frame is None:
-                return self._position  # nothing queued: it takes no place
-            self.spill.append(frame)
+            # a record that could not be made keeps its place (positions count it), sent as nothing
+            self.spill.append(self._encoded(item) or _NOTHING)
             self.stats.spilled += 1
         else:
             self._memory.append(item)
@@ -287,8 +317,15 @@ class Publisher:
             heapq.heappush(self._waiters, (position, next(self._waiter_ids), future))
         return future
 
+    @property
+    def acked_count(self) -> int:
+        """How many records, in queue order, the broker acknowledged (a spill left included)."""
+        return self._acked
+
     def _advance(self, count: int) -> None:
         self._acked += count
+        if self.on_advance is not None:
+            self.on_advance()
         while self._waiters and self._waiters[0][0] <= self._acked:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():
@@ -376,7 +413,7 @@ class Publisher:
         if not flushed and self._memory:
             log.warning("broker unreachable at stop: spilling %d records", len(self._memory))
             # memory is older than the spill: write it to a segment read before the others
-            frames = [f for f in map(self._encoded, self._memory) if f is not None]
+            frames = [self._encoded(item) or _NOTHING for item in self._memory]
             self._memory.clear()
             self._prepend_to_spill(frames)
         self.spill.close()
@@ -397,9 +434,9 @@ class Publisher:
     async def _close_producer(self) -> None:
         producer, self._producer = self._producer, None
         self.stats.connected = False
-        if producer is not None:
+        if producer is not None:  # bounded: a producer that cannot reach the broker may hang
             with contextlib.suppress(Exception):
-                await producer.stop()
+                await asyncio.wait_for(producer.stop(), 5.0)
 
     async def _connect(self) -> AIOKafkaProducer:
         while self._producer is None:
@@ -437,7 +474,7 @@ class Publisher:
                 for i in range(min(self.batch, len(self._memory))):
                     frame = self._encoded(self._memory[i])
                     if frame is None:  # keep its place (positions count it), send nothing
-                        frame = ("", b"", b"")
+                        frame = _NOTHING
                     self._memory[i] = frame  # encoded once, whatever happens to the send
                     frames.append(frame)
             try:

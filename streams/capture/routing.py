@@ -142,7 +142,7 @@ def decide_route(strategy: Strategy, start: AgentCall, mode: str) -> Route:
     ``marked_at`` that expires in between; replicas sticky per call never decide twice).
     """
     at: datetime = start.event_time
-    view = CallView(start.call_id, start.model_copy(update={"event_time": at}), None, None, at)
+    view = CallView(start.call_id, start, None, None, at)
     return Route(strategy.decide(view), mode)
 
 

@@ -142,6 +142,11 @@ class GatewaySettings(Section):
         default=5.0,
         description="acked: a broker slower than this answers 503 (the records stay queued)",
     )
+    recorder: Literal["process", "loop"] = Field(
+        default="process",
+        description="process: records are built, encoded and sent to Kafka by a child process "
+        "of the gateway (off the serving loop); loop: by a task on the serving loop",
+    )
     buffer_records: PositiveInt = Field(
         default=10_000, description="records kept in memory for Kafka; past that: spill_dir"
     )

@@ -497,6 +497,7 @@ async def test_broker_stopped_during_traffic_every_answer_arrives_and_every_even
             for cid in during:  # every answer arrives while Kafka is down
                 await asyncio.wait_for(call(cid), 10)
             assert gw.publisher.pending == 30  # 10 calls x START, step, END
+            await gw.publisher.refresh()  # the recorder process's counts as of now
             assert gw.publisher.spill.records >= 26  # past the bound of 4: on disk
             assert list((tmp_path / "spill").glob("spill-*.bin"))
             await asyncio.to_thread(broker.start, 120)

@@ -683,8 +683,12 @@ async def test_acked_mode_without_a_broker_refuses_in_each_api_s_shape(
         assert responses_refused.value.status_code == 503
         assert "gateway.durability" in responses_refused.value.message
         stream = await client.responses.create(model="m", input="hi", stream=True)
-        events = [e.type async for e in stream]
-        assert events[-1] == "error" and "response.completed" not in events
+        events: list[str] = []
+        with pytest.raises(openai.APIError) as stream_refused:  # raised, not yielded
+            async for event in stream:
+                events.append(event.type)
+        assert "gateway.durability" in stream_refused.value.message
+        assert events and "response.completed" not in events and "error" not in events
         claude = anthropic.AsyncAnthropic(
             base_url=f"{gw.url}/calls/n-m", api_key="k", max_retries=0
         )

@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -162,3 +163,105 @@ async def test_buffered_starts_without_kafka_spills_and_a_sigkill_loses_only_mem
     # the first 4 records (START and step of buf-0 and buf-1) were in memory: lost
     assert set(steps) == set(calls[2:]) and starts == set(calls[2:])
     assert all(steps[c].response_id == answered[c] for c in calls[2:])
+
+
+def recorder_pid(gw: GatewayProcess) -> int:
+    """The gateway's recorder process (``gateway.recorder = process``, the default)."""
+    assert gw.proc is not None
+    children = [
+        int(pid)
+        for task in Path(f"/proc/{gw.proc.pid}/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    assert len(children) == 1, children
+    return children[0]
+
+
+async def traffic_until_killed(
+    gw: GatewayProcess, answered: dict[str, str], kill_after: int, kill: Any
+) -> None:
+    """Six agents of one-step calls; ``kill()`` once ``kill_after`` were answered."""
+    stop = asyncio.Event()
+
+    async def agent(n: int) -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            i = 0
+            while not stop.is_set():
+                cid = f"{kill_after}-{n}-{i}"
+                i += 1
+                try:
+                    answered[cid] = await one_step(http, gw.url, cid)
+                except httpx.HTTPError:
+                    return  # the process is gone: this one was not answered
+
+    agents = [asyncio.create_task(agent(n)) for n in range(6)]
+    await wait_for(lambda: len(answered) >= kill_after, timeout=60, what="answered calls")
+    kill()  # in the middle of traffic
+    stop.set()
+    await asyncio.gather(*agents)
+
+
+async def test_buffered_the_serving_process_killed_alone_its_recorder_publishes_all_it_held(
+    kafka_bootstrap, prefix, standin, production, tmp_path
+):
+    """The records are in the recorder process, not in the one killed: it reads the end of
+    its pipe, publishes what it holds and stops, so nothing answered is lost."""
+    env = gateway_env(kafka_bootstrap, prefix, tmp_path, standin.url, production.url)
+    answered: dict[str, str] = {}
+    async with gateway_process(env, tmp_path / "gateway.log") as gw:
+        recorder = recorder_pid(gw)
+        assert gw.proc is not None
+        await traffic_until_killed(gw, answered, 60, lambda: os.kill(gw.proc.pid, signal.SIGKILL))
+        gw.proc.wait(10)
+        await wait_for(
+            lambda: not Path(f"/proc/{recorder}").exists()
+            or "zombie" in Path(f"/proc/{recorder}/status").read_text(),
+            timeout=30,
+            what="the recorder to stop by itself",
+        )
+    records = await read_topic(
+        kafka_bootstrap,
+        f"{prefix}.agent-events",
+        until=lambda got: set(answered) <= set(steps_by_call(got)),
+        timeout=30,
+    )
+    steps = steps_by_call(records)
+    missing = set(answered) - set(steps)
+    assert not missing, f"answered but not on the topic: {sorted(missing)[:5]}"
+    assert "the gateway closed the recorder's pipe" in (tmp_path / "gateway.log").read_text()
+
+
+async def test_a_killed_recorder_process_is_started_again_and_recording_goes_on(
+    kafka_bootstrap, prefix, standin, production, tmp_path
+):
+    env = gateway_env(
+        kafka_bootstrap,
+        prefix,
+        tmp_path,
+        standin.url,
+        production.url,
+        TRAJSTREAM_GATEWAY__DURABILITY="acked",
+    )
+    log = tmp_path / "gateway.log"
+    async with gateway_process(env, log) as gw:
+        first = recorder_pid(gw)
+        os.kill(first, signal.SIGKILL)
+        await wait_for(
+            lambda: "starting it again" in log.read_text(), timeout=30, what="the restart"
+        )
+        await wait_for(
+            lambda: recorder_pid(gw) != first, timeout=60, what="a new recorder process"
+        )
+        async with httpx.AsyncClient(timeout=30) as http:
+            # acked: answered only once the new recorder's producer acknowledged them
+            after = {c: await one_step(http, gw.url, c) for c in ("again-0", "again-1")}
+            health = (await http.get(f"{gw.url}/healthz")).json()
+    assert health["status"] == "ok" and health["publisher"]["recorder"] == "process"
+    records = await read_topic(
+        kafka_bootstrap,
+        f"{prefix}.agent-events",
+        until=lambda got: set(after) <= set(steps_by_call(got)),
+        timeout=30,
+    )
+    steps = steps_by_call(records)
+    assert {c: steps[c].response_id for c in after} == after

@@ -175,8 +175,11 @@ class Responses(Api):
         return answer_of_response(told)
 
     def stream_error(self, message: str) -> bytes:
+        # the Responses API's error event; its "error" object beside makes the openai SDK
+        # raise an APIError with this message (it raises on an event whose data has "error")
         error = {"type": "error", "code": "recording_unavailable", "message": message}
-        return encode_event({**error, "param": None})
+        detail = {"type": "server_error", "code": "recording_unavailable", "message": message}
+        return encode_event({**error, "param": None, "error": detail})
 
     def from_chat(self, completion: dict[str, Any], parsed: ParsedRequest) -> dict[str, Any]:
         return chat_to_response(completion, parsed)

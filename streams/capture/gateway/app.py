@@ -33,6 +33,7 @@ from ..auth import KeyRing, check_listen
 from ..metrics import CONTENT_TYPE, GatewayMetrics
 from ..otlp_http import add_otlp_routes
 from ..publisher import Publisher
+from ..recorder import RecorderProcess
 from ..routing import decide_route
 from ..routing_follow import ShareFollower
 from .api_routes import ApiRoutes
@@ -46,7 +47,9 @@ log = logging.getLogger(__name__)
 class Gateway(ChatRoutes):
     """The aiohttp application; :meth:`start` listens, :meth:`stop` drains and stops."""
 
-    def __init__(self, settings: Settings, strategy: Strategy, publisher: Publisher) -> None:
+    def __init__(
+        self, settings: Settings, strategy: Strategy, publisher: Publisher | RecorderProcess
+    ) -> None:
         super().__init__(settings, strategy, publisher)
         self._runner: web.AppRunner | None = None
         self.keys = KeyRing(self.config.api_keys)
@@ -303,9 +306,11 @@ class Gateway(ChatRoutes):
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        await self.publisher.refresh()  # the recorder process's counts as of now
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _health(self, request: web.Request) -> web.Response:
+        await self.publisher.refresh()
         kafka_down = self.publisher.unreachable_since is not None
         return web.json_response(
             {

@@ -19,6 +19,7 @@ from ...io import kafka
 from ...settings import Settings
 from ...topics import Topics
 from ..publisher import Publisher
+from ..recorder import RecorderProcess, create_topics, kafka_publisher
 from ..routing import RolloutStrategy, ShareBook, check_routable
 from ..routing_follow import ShareFollower
 from .app import Gateway
@@ -46,6 +47,8 @@ def build_gateway(
     book = ShareBook() if settings.gateway.rollout.enabled else None
     if book is not None:  # the share the ledger owner decides; the strategy for new agents
         strategy = RolloutStrategy(strategy, book)
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+    publisher: Publisher | RecorderProcess
     if producer_factory is None:
         if not bootstrap:
             from ...errors import ConfigError
@@ -53,34 +56,18 @@ def build_gateway(
             raise ConfigError(
                 "kafka.bootstrap_servers [TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS] is not set"
             )
-
-        def producer_factory() -> AIOKafkaProducer:
-            return kafka.producer(
-                bootstrap,
-                settings.kafka.security,
-                request_timeout_ms=int(settings.gateway.flush_timeout_s * 1000),
-            )
-
-    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
-
-    async def prepare() -> None:
-        if bootstrap:
-            await kafka.create_topics(
-                bootstrap,
-                topics.all(),
-                settings.kafka.replication_factor,
-                security=settings.kafka.security,
-                configs=topics.configs(),
-                min_insync_replicas=settings.kafka.min_insync,
-            )
-
-    publisher = Publisher(
-        producer_factory,
-        topics,
-        spill_dir=Path(settings.gateway.spill_dir),
-        max_buffered=settings.gateway.buffer_records,
-        prepare=prepare,
-    )
+        if settings.gateway.recorder == "process":  # building, encoding, Kafka: a child's work
+            publisher = RecorderProcess(settings)
+        else:
+            publisher = kafka_publisher(settings)
+    else:
+        publisher = Publisher(
+            producer_factory,
+            topics,
+            spill_dir=Path(settings.gateway.spill_dir),
+            max_buffered=settings.gateway.buffer_records,
+            prepare=create_topics(settings, topics) if bootstrap else None,
+        )
     gateway = Gateway(settings, strategy, publisher)
     if book is not None and bootstrap:
 

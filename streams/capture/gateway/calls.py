@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...models import AgentCall, CallPhase, CallStatus, Completion
+from ...models import Completion
+from ..jobs import one_step_end as one_step_end  # re-exported: its old home
 from ..routing import Route
 
 # -- per-process memory of calls (step counts; the decision itself needs none) ---------------
@@ -90,17 +91,3 @@ class Once:
             self._value, self._build = self._build(), None
         assert self._value is not None
         return self._value
-
-
-def one_step_end(step: Completion) -> AgentCall:
-    """The END of a call of one step (``/v1/chat/completions``), made from its step."""
-    return AgentCall(
-        event_id=f"{step.call_id}/end",
-        call_id=step.call_id,
-        phase=CallPhase.END,
-        event_time=step.event_time,
-        status=CallStatus.OK,
-        output=step.output_messages[0].content if step.output_messages else None,
-        step_count=1,
-    )
-

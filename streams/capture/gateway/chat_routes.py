@@ -23,7 +23,8 @@ from aiohttp import web
 from ...errors import UpstreamFailed
 from ...models import Completion, utcnow
 from ..chat import StreamAssembler, llm_step, steps_of_request
-from .calls import CallState, Once, Timing, one_step_end
+from ..jobs import start_job, step_job
+from .calls import CallState, Timing, one_step_end
 from .requests import parse_messages
 from .state import GatewayState
 from .upstream import upstream_failed
@@ -51,7 +52,8 @@ class ChatRoutes(GatewayState):
         body = self._parse_json(raw)
         messages = parse_messages(body)
         call_id = path_call or f"gw-{uuid.uuid4().hex}"
-        start = self._start_event(request, call_id, messages)  # validates the headers too
+        # validates the headers too; the recorder adds the messages (read from ``raw``)
+        start = self._start_event(request, call_id, [])
         steps = steps_of_request(call_id, messages, start.event_time) if path_call else ()
         state, records = self._open_call(start, path_call, steps)
         route = state.route
@@ -62,7 +64,10 @@ class ChatRoutes(GatewayState):
             "X-Trajstream-Seq": str(len(messages)),
         }
         for record in records:  # START and tool steps first: they happened before the answer
-            self.publisher.publish(record)
+            if record is start:  # built and encoded by the recorder, its messages from raw
+                self.publisher.publish_job(call_id, start_job(start, raw))
+            else:
+                self.publisher.publish(record)
 
         if route.shadow and len(messages) not in state.seqs:
             # Trinity answers the same request meanwhile; its answer joins the recorded step
@@ -78,7 +83,8 @@ class ChatRoutes(GatewayState):
         self,
         call_id: str,
         body: dict[str, Any],
-        answer: dict[str, Any],
+        raw: bytes,
+        answer: bytes | dict[str, Any],
         state: CallState,
         *,
         upstream: str,
@@ -94,17 +100,17 @@ class ChatRoutes(GatewayState):
             return self._on_broker(self.publisher.position)
         state.seqs.add(seq)
         shadow = state.shadows.pop(seq, None)
-        build = Once(
-            lambda: llm_step(
-                call_id, body, answer, upstream=upstream, latency_ms=latency_ms, now=now
-            )
-        )
-        if shadow is None:  # built and encoded by the publisher, after the answer was sent
-            position = self.publisher.publish_lazy(call_id, build)
-            if one_step:
-                position = self.publisher.publish_lazy(call_id, lambda: one_step_end(build()))
-            return self._on_broker(position)
-        task = self._spawn(self._join_shadow(build(), body, shadow, one_step))
+        if shadow is None:  # built and encoded by the recorder, after the answer was sent
+            job = step_job(
+                call_id, raw, answer, upstream=upstream, latency_ms=latency_ms, now=now,
+                one_step=one_step,
+            )  # fmt: skip
+            return self._on_broker(self.publisher.publish_job(call_id, job))
+        parsed = json.loads(answer) if isinstance(answer, bytes) else answer
+        if not isinstance(parsed, dict):
+            raise ValueError("the answer is not a JSON object")
+        step = llm_step(call_id, body, parsed, upstream=upstream, latency_ms=latency_ms, now=now)
+        task = self._spawn(self._join_shadow(step, body, shadow, one_step))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
         return self._after(task) if self.acked else None  # nobody waits when buffered
@@ -170,17 +176,16 @@ class ChatRoutes(GatewayState):
             self.stats.answered[route.upstream] += 1
             ack = None
             with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
-                answer = json.loads(data)
-                if isinstance(answer, dict):
-                    ack = self._record(
-                        call_id,
-                        body,
-                        answer,
-                        state,
-                        upstream=route.upstream,
-                        latency_ms=latency,
-                        one_step=path_call is None,
-                    )
+                ack = self._record(  # the answer is read by the recorder
+                    call_id,
+                    body,
+                    raw,
+                    data,
+                    state,
+                    upstream=route.upstream,
+                    latency_ms=latency,
+                    one_step=path_call is None,
+                )
             if not await self._durable(ack):
                 return self._not_durable(headers)
         else:
@@ -253,6 +258,7 @@ class ChatRoutes(GatewayState):
                     ack = self._record(
                         call_id,
                         body,
+                        raw,
                         assembler.completion(),
                         state,
                         upstream=route.upstream,

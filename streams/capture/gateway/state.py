@@ -17,6 +17,7 @@ from ...core.select import Strategy
 from ...models import AgentCall, Completion
 from ...settings import Settings
 from ..publisher import Publisher
+from ..recorder import RecorderProcess
 from ..routing import Route, check_routable, decide_route
 from .calls import CallState, CallTable, GatewayStats
 from .requests import call_id_of, json_body, openai_error, parse_json, start_event
@@ -28,7 +29,9 @@ T = TypeVar("T")
 class GatewayState(Upstreams):
     """The state of one gateway process and the helpers every route uses."""
 
-    def __init__(self, settings: Settings, strategy: Strategy, publisher: Publisher) -> None:
+    def __init__(
+        self, settings: Settings, strategy: Strategy, publisher: Publisher | RecorderProcess
+    ) -> None:
         check_routable(strategy)
         super().__init__(settings)
         config = self.config

@@ -1,0 +1,477 @@
+"""The gateway's recorder in its own process: record building, encoding and Kafka off the
+serving loop.
+
+``gateway.recorder = "process"`` (the default of ``trajstream gateway``): the serving process
+hands what it records to a child process (``python -m streams.capture.recorder``) through a pipe,
+as plain data, batched once per turn of its event loop: a chat request's START and answered step
+as jobs (:mod:`.jobs`: the request's and answer's bytes, a few fields), any other record encoded.
+The child runs the :class:`~.publisher.Publisher` (memory bound, disk spill, reconnects, the
+aiokafka producer) and reports back how many records the broker acknowledged, in queue order,
+and its counts. The serving process keeps the positions (:meth:`RecorderProcess.acked`: acked
+mode answers once the child reported them), so every guarantee of the publisher holds as it
+did in one process; the pipe is one FIFO, so the order is kept.
+
+The child ignores SIGINT and SIGTERM (a terminal's Ctrl-C or a service manager reaches the whole
+process group): it stops when the gateway tells it (publishing what is queued for up to
+``gateway.flush_timeout_s``, spilling the rest), or when the gateway's end of the pipe closes
+(the gateway died): then it does the same. A child that dies is started again; what it held in
+memory is lost as in a killed gateway, acked requests waiting for it are answered 503.
+
+Wire: frames of ``<u32 length><pickle>`` both ways. Gateway to child: a list of items,
+``("r", topic, key, value)`` an encoded record, ``("j", call_id, job)`` a job, ``("sync", n)``,
+``("stop", timeout_s)``; the first frame is ``(settings, framing)``. Child to gateway:
+``("hello", position)``, ``("acked", count, counts)``, ``("sync", n, counts)``,
+``("stopped", counts)``.
+
+May import: the codec, the settings, :mod:`.publisher`, :mod:`.jobs`, :mod:`streams.io`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import pickle
+import signal
+import struct
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from ..codec import SchemaRegistry
+from ..models import UserFeedback
+from ..settings import Settings
+from ..topics import Topics
+from .jobs import Job, job_size
+from .publisher import Publisher, PublisherStats, Record
+
+__all__ = ["RecorderProcess", "kafka_publisher"]
+
+log = logging.getLogger(__name__)
+
+_LEN = struct.Struct(">I")
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_REPO = str(Path(__file__).resolve().parents[2])
+"""on the child's PYTHONPATH: the same code as the gateway's"""
+STATS_EVERY_S = 0.5
+"""The child reports its counts at least this often while they change."""
+
+
+def kafka_publisher(settings: Settings) -> Publisher:
+    """The publisher of ``settings``: its producer, topics (created at the first connection),
+    spill directory and bound."""
+    from ..io import kafka
+
+    bootstrap = settings.bootstrap_servers
+    if not bootstrap:
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            "kafka.bootstrap_servers [TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS] is not set"
+        )
+    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+
+    def producer_factory() -> Any:
+        return kafka.producer(
+            bootstrap,
+            settings.kafka.security,
+            request_timeout_ms=int(settings.gateway.flush_timeout_s * 1000),
+        )
+
+    return Publisher(
+        producer_factory,
+        topics,
+        spill_dir=Path(settings.gateway.spill_dir),
+        max_buffered=settings.gateway.buffer_records,
+        prepare=create_topics(settings, topics),
+    )
+
+
+def create_topics(settings: Settings, topics: Topics) -> Callable[[], Awaitable[object]]:
+    async def prepare() -> None:
+        from ..io import kafka
+
+        await kafka.create_topics(
+            settings.bootstrap_servers or "",
+            topics.all(),
+            settings.kafka.replication_factor,
+            security=settings.kafka.security,
+            configs=topics.configs(),
+            min_insync_replicas=settings.kafka.min_insync,
+        )
+
+    return prepare
+
+
+class _Spill:
+    """What the gateway knows of the child's spill (for its metrics)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.records = 0
+
+
+class RecorderProcess:
+    """The serving side of the recorder process; the interface of :class:`.Publisher`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+        self.codec = SchemaRegistry.default()
+        self._prepare = create_topics(settings, self.topics)
+        self._prepared = False
+        self.stats = PublisherStats()
+        self.spill = _Spill(Path(settings.gateway.spill_dir))
+        self.buffered = 0
+        self.unreachable_since: float | None = None
+        self.last_error: str | None = None
+        self._counts: dict[str, Any] = {}
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._outbox: list[tuple[Any, ...]] = []
+        self._flush_scheduled = False
+        self._offset = 0  # this side's position minus the child's, for the running child
+        self._position = 0
+        self._acked = 0
+        self._lost_upto = 0  # positions a dead child held: never acknowledged
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._ids = itertools.count()
+        self._syncs: dict[int, asyncio.Future[None]] = {}
+        self._hello: asyncio.Future[int] | None = None
+        self._stopping = False
+        self._stopped: asyncio.Future[None] | None = None
+
+    # -- the serving side: never waits ---------------------------------------------------------
+
+    def publish(self, record: Record) -> int:
+        """Queue one record (encoded here; the hot path's records go as jobs)."""
+        topic = (
+            self.topics.user_feedback
+            if isinstance(record, UserFeedback)
+            else self.topics.agent_events
+        )
+        try:
+            value = self.codec.encode(record)
+        except Exception as exc:  # as the publisher does: logged, dropped, its place kept
+            return self._nothing(record.call_id, exc)
+        return self._send(("r", topic, record.call_id.encode(), value), 1)
+
+    def publish_lazy(self, call_id: str, build: Callable[[], Record]) -> int:
+        """Built here at once (a closure cannot cross to the child); the hot path uses jobs."""
+        try:
+            record = build()
+        except Exception as exc:
+            return self._nothing(call_id, exc)
+        return self.publish(record)
+
+    def _nothing(self, call_id: str, exc: Exception) -> int:
+        log.warning("a record of call %s could not be made: %s", call_id, exc)
+        self.stats.unencodable += 1
+        return self._send(("j", call_id, ("none", ())), 1)  # its place kept, nothing sent
+
+    def publish_job(self, call_id: str, job: Job) -> int:
+        """Queue the records ``job`` makes; built and encoded by the child."""
+        return self._send(("j", call_id, job), job_size(job))
+
+    def _send(self, item: tuple[Any, ...], records: int) -> int:
+        self._outbox.append(item)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_outbox)
+        self.stats.queued += records
+        self._position += records
+        return self._position
+
+    def _flush_outbox(self) -> None:
+        self._flush_scheduled = False
+        items, self._outbox = self._outbox, []
+        if not items:
+            return
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdin.is_closing():
+            log.error("the recorder process is not running: %d records lost", len(items))
+            return
+        data = pickle.dumps(items, _PROTOCOL)
+        proc.stdin.write(_LEN.pack(len(data)) + data)
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def acked(self, position: int) -> asyncio.Future[None]:
+        """Done once the broker acknowledged every record up to ``position``."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if position <= self._lost_upto and position > self._acked:
+            return future  # held by a child that died: never (the request answers 503)
+        if position <= self._acked:
+            future.set_result(None)
+        else:
+            heapq.heappush(self._waiters, (position, next(self._ids), future))
+        return future
+
+    def _advance(self, acked: int) -> None:
+        self._acked = max(self._acked, acked)
+        while self._waiters and self._waiters[0][0] <= self._acked:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+
+    @property
+    def pending(self) -> int:
+        """Records queued and not yet acknowledged by the broker."""
+        return self._position - self._acked
+
+    def health(self) -> dict[str, Any]:
+        out = dict(self._counts)
+        out.update(queued=self.stats.queued, recorder="process")
+        return out
+
+    async def refresh(self) -> None:
+        """Bring the child's counts up to date (everything queued before has reached it)."""
+        if self._proc is None or self._proc.returncode is not None:
+            return
+        n = next(self._ids)
+        future = self._syncs[n] = asyncio.get_running_loop().create_future()
+        self._send(("sync", n), 0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(future, 5.0)
+        self._syncs.pop(n, None)
+
+    def _take_counts(self, counts: dict[str, Any]) -> None:
+        self._counts = counts
+        self.buffered = counts["buffered"]
+        self.spill.records = counts["spill_records"]
+        self.stats.published = counts["published"]
+        self.stats.spilled = counts["spilled_total"]
+        self.stats.send_failures = counts["send_failures"]
+        self.stats.connected = counts["kafka_connected"]
+        since = counts["unreachable_s"]
+        self.unreachable_since = None if since is None else time.monotonic() - since
+        self.last_error = counts["last_error"]
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def prepare_now(self) -> None:
+        """Create the topics now (the child does again at its first connection: idempotent)."""
+        if not self._prepared:
+            await self._prepare()
+            self._prepared = True
+
+    async def start(self) -> None:
+        await self._spawn()
+
+    async def _spawn(self) -> None:
+        from ..io.kafka import process_framing
+
+
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_REPO, env.get("PYTHONPATH")) if p
+        )
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "streams.capture.recorder",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+        )  # fmt: skip
+        assert self._proc.stdin is not None
+        # what is published from now on goes to this child; what went to a dead one is lost
+        began_at = self._lost_upto = max(self._lost_upto, self._position)
+        data = pickle.dumps((self.settings, process_framing() is not None), _PROTOCOL)
+        self._proc.stdin.write(_LEN.pack(len(data)) + data)
+        loop = asyncio.get_running_loop()
+        self._hello = loop.create_future()
+        self._reader = asyncio.create_task(self._read(self._proc), name="trajstream-recorder")
+        try:
+            position = await asyncio.wait_for(asyncio.shield(self._hello), 120)
+        except TimeoutError:
+            raise RuntimeError("the recorder process did not start within 120 s") from None
+        self._offset = began_at - position
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        try:
+            while True:
+                head = await proc.stdout.readexactly(_LEN.size)
+                (size,) = _LEN.unpack(head)
+                message = pickle.loads(await proc.stdout.readexactly(size))
+                kind = message[0]
+                if kind == "acked":
+                    self._take_counts(message[2])
+                    self._advance(self._offset + message[1])
+                elif kind == "sync":
+                    self._take_counts(message[2])
+                    future = self._syncs.get(message[1])
+                    if future is not None and not future.done():
+                        future.set_result(None)
+                elif kind == "hello":
+                    if self._hello is not None and not self._hello.done():
+                        self._hello.set_result(message[1])
+                elif kind == "stopped":
+                    self._take_counts(message[1])
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        code = await proc.wait()
+        if self._stopping:
+            return
+        log.error(
+            "the recorder process exited (code %s): what it held in memory is lost "
+            "(%d records not acknowledged); starting it again",
+            code,
+            self.pending,
+        )
+        self._lost_upto = self._position
+        for _, _, future in self._waiters:  # their records died with it: answered 503
+            if not future.done():
+                future.cancel()
+        self._waiters.clear()
+        with contextlib.suppress(Exception):
+            await self._spawn()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until everything queued is on the broker; False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            await self.refresh()
+            if not self.pending:
+                return True
+            await asyncio.sleep(0.02)
+        return not self.pending
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """The child publishes what is queued (for up to ``timeout`` s), spills the rest, stops."""
+        self._stopping = True
+        proc = self._proc
+        if proc is None:
+            return
+        self._send(("stop", timeout), 0)
+        self._flush_outbox()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout + 30)
+        except TimeoutError:
+            log.error("the recorder process did not stop: killed")
+            proc.kill()
+            await proc.wait()
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._reader, 5)
+
+
+# -- the child ---------------------------------------------------------------------------------
+
+
+class _Child:
+    def __init__(self, publisher: Publisher, out: Any) -> None:
+        self.publisher = publisher
+        self.out = out
+        self._report_scheduled = False
+        self._last_report = 0.0
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        if self.out.is_closing():  # the gateway is gone: nobody to tell
+            return
+        data = pickle.dumps(message, _PROTOCOL)
+        with contextlib.suppress(RuntimeError, ConnectionError):
+            self.out.write(_LEN.pack(len(data)) + data)
+
+    def counts(self) -> dict[str, Any]:
+        return self.publisher.health()
+
+    def on_advance(self) -> None:
+        if not self._report_scheduled:
+            self._report_scheduled = True
+            asyncio.get_running_loop().call_soon(self._report)
+
+    def _report(self) -> None:
+        self._report_scheduled = False
+        self._last_report = time.monotonic()
+        self.send(("acked", self.publisher.acked_count, self.counts()))
+
+    async def report_now_and_then(self) -> None:
+        last: Any = None
+        while True:
+            await asyncio.sleep(STATS_EVERY_S)
+            counts = self.counts()
+            counts.pop("unreachable_s", None)
+            if counts != last or self.publisher.unreachable_since is not None:
+                last = counts
+                self._report()
+
+
+async def _child_main() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 30)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, sys.stdout.buffer
+    )
+    out = asyncio.StreamWriter(transport, protocol, None, loop)
+    (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+    settings, framing = pickle.loads(await reader.readexactly(size))
+    if framing:  # a schema registry: the same wire format as the gateway's own producer
+        from ..cli_support import subjects
+
+        topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
+        subjects(settings, [topics.agent_events, topics.user_feedback])
+    publisher = kafka_publisher(settings)
+    child = _Child(publisher, out)
+    publisher.on_advance = child.on_advance
+    child.send(("hello", publisher.position))
+    await publisher.start()
+    reporter = asyncio.create_task(child.report_now_and_then())
+    timeout = settings.gateway.flush_timeout_s
+    try:
+        while True:
+            try:
+                head = await reader.readexactly(_LEN.size)
+                (size,) = _LEN.unpack(head)
+                items = pickle.loads(await reader.readexactly(size))
+            except asyncio.IncompleteReadError:  # the gateway is gone: publish, spill, stop
+                log.warning("the gateway closed the recorder's pipe: stopping")
+                break
+            stop = None
+            for item in items:
+                kind = item[0]
+                if kind == "j":
+                    publisher.publish_job(item[1], item[2])
+                elif kind == "r":
+                    publisher.publish_encoded(item[1], item[2], item[3])
+                elif kind == "sync":
+                    child.send(("sync", item[1], child.counts()))
+                elif kind == "stop":
+                    stop = item[1]
+            if stop is not None:
+                timeout = stop
+                break
+    finally:
+        reporter.cancel()
+        await publisher.stop(timeout)
+        child.send(("stopped", child.counts()))
+        with contextlib.suppress(Exception):
+            await out.drain()
+            out.close()
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gateway says when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    try:
+        import uvloop
+
+        loop_factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        loop_factory = asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(_child_main())
+
+
+if __name__ == "__main__":
+    main()
