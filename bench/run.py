@@ -894,8 +894,12 @@ async def soak(
     prefix, topics = await fresh_run(bootstrap, standin, "bs")
     calls_per_s = max(0.5, rate_events / EVENTS_PER_CALL)
     samples: list[tuple[float, int]] = []
+    # traced, the worker runs untraced until the base dump: traced from its start, it falls
+    # behind the load (bench/traced_worker.py)
+    traced = {"TRACE_FROM_BASE": "1"} if TRACE_DIR is not None else {}
+    fed: list[tuple[float, int]] = []  # calls fed back over time: whether the worker keeps up
     with worker(
-        bootstrap, prefix, standin, tmp, TRAJSTREAM_ASSEMBLY__LATE_RETENTION_S="60"
+        bootstrap, prefix, standin, tmp, TRAJSTREAM_ASSEMBLY__LATE_RETENTION_S="60", **traced
     ) as procs:
         pid = procs[0].pid
         producer = AIOKafkaProducer(
@@ -921,6 +925,7 @@ async def soak(
                 n += 1
                 if time.monotonic() >= next_sample:
                     samples.append((round(time.monotonic() - t0, 1), rss_kib(pid)))
+                    fed.append((samples[-1][0], standin.counts()["feedback_ok"]))
                     next_sample += max(1.0, seconds / 120)
                 await asyncio.sleep(max(0.0, t0 + n / calls_per_s - time.monotonic()))
             samples.append((round(time.monotonic() - t0, 1), rss_kib(pid)))
@@ -946,6 +951,7 @@ async def soak(
         "slope_kib_per_hour": round(slope, 1),
         "slope_pct_per_hour": round(100 * slope / first, 2),
         "samples": samples,
+        "fed_back_samples": fed,
         **({"tracemalloc": traces} if traces else {}),
     }
 
@@ -1005,7 +1011,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     def show(name: str, key: str | None = None) -> None:
         value = results[key or name]
         if isinstance(value, dict):
-            value = {k: v for k, v in value.items() if k not in ("samples", "runs")}
+            value = {k: v for k, v in value.items() if k not in ("samples", "runs", "fed_back_samples")}
         console.print(f"{name} ({durations[name]:g}s)", value)
 
     try:
@@ -1027,6 +1033,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 results["pipeline"] = await pipeline(bootstrap, standin, tmp, args.calls, rng)
             show("pipeline")
         half = (results.get("pipeline", {}).get("events_per_s") or 500) / 2
+        soak_rate = args.soak_rate or half
         if "latency" in only:
             with timed("latency", f"at {half:.0f} events/s"):
                 results["latency"] = await latency(
@@ -1066,8 +1073,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             results["state"] = {"small": a, "large": b}
             show("state")
         if "soak" in only:
-            with timed("soak", f"{args.soak_seconds:g}s at {half:.0f} events/s"):
-                results["soak"] = await soak(bootstrap, standin, tmp, half, args.soak_seconds, rng)
+            with timed("soak", f"{args.soak_seconds:g}s at {soak_rate:.0f} events/s"):
+                results["soak"] = await soak(
+                    bootstrap, standin, tmp, soak_rate, args.soak_seconds, rng
+                )
             show("soak")
     finally:
         standin.stop()
@@ -1312,6 +1321,13 @@ if __name__ == "__main__":
     )
     parser.add_argument("--latency-seconds", type=float, default=None)
     parser.add_argument("--soak-seconds", type=float, default=1800)
+    parser.add_argument(
+        "--soak-rate",
+        type=float,
+        default=None,
+        help="soak: events/s offered (default: half the pipeline's rate in this run, 250 "
+        "without the pipeline scenario)",
+    )
     parser.add_argument("--bootstrap", help="use this Kafka instead of starting one")
     parser.add_argument(
         "--trace-memory",
