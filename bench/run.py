@@ -83,6 +83,10 @@ from streams.topics import Topics, create_topics  # noqa: E402
 console = Console()
 CODEC = SchemaRegistry.default()
 PARTITIONS = 4
+# memory: seconds between consuming a shape and reading RSS: more than the worker's heap trim
+# interval (streams.runtime.worker.TRIM_EVERY_S), so that what the burst's buffers took and
+# freed is not counted as held per open call
+MEMORY_SETTLE_S = 12
 EVENTS_PER_CALL = 5
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TRACE_DIR: Path | None = None
@@ -739,7 +743,7 @@ async def memory(
     ``shapes``: open calls that never end (no END, abandonment an hour away) are produced one
     shape after the other into one worker; the worker's RSS is read once it has consumed each
     shape (its group committed the input's end), and the payload (the records' bytes) is
-    subtracted from the growth."""
+    subtracted from the growth. RSS is read MEMORY_SETTLE_S after each shape was consumed."""
     prefix, topics = await fresh_run(bootstrap, standin, "bm")
     out: dict[str, Any] = {}
     with worker(bootstrap, prefix, standin, tmp) as procs:
@@ -748,7 +752,7 @@ async def memory(
         await produce(bootstrap, topics.agent_events, call_events(rng))
         await asyncio.to_thread(wait_fed_back, standin, 1, 120, procs)
         await wait_consumed(bootstrap, prefix, topics.agent_events)
-        await asyncio.sleep(2)
+        await asyncio.sleep(MEMORY_SETTLE_S)
         before = rss_kib(pid)
         traces = {"base": await trace(prefix, "base")}
         for events, n in shapes:
@@ -762,7 +766,7 @@ async def memory(
             await produce(bootstrap, topics.agent_events, partial)
             await wait_consumed(bootstrap, prefix, topics.agent_events)
             seconds = time.monotonic() - t0
-            await asyncio.sleep(2)
+            await asyncio.sleep(MEMORY_SETTLE_S)
             after = rss_kib(pid)
             per_open = (after - before) * 1024 / n
             out[f"events_{events}"] = {
