@@ -83,6 +83,10 @@ from streams.topics import Topics, create_topics  # noqa: E402
 console = Console()
 CODEC = SchemaRegistry.default()
 PARTITIONS = 4
+# memory: seconds between consuming a shape and reading RSS: more than the worker's heap trim
+# interval (streams.runtime.worker.TRIM_EVERY_S), so that what the burst's buffers took and
+# freed is not counted as held per open call
+MEMORY_SETTLE_S = 12
 EVENTS_PER_CALL = 5
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TRACE_DIR: Path | None = None
@@ -739,7 +743,7 @@ async def memory(
     ``shapes``: open calls that never end (no END, abandonment an hour away) are produced one
     shape after the other into one worker; the worker's RSS is read once it has consumed each
     shape (its group committed the input's end), and the payload (the records' bytes) is
-    subtracted from the growth."""
+    subtracted from the growth. RSS is read MEMORY_SETTLE_S after each shape was consumed."""
     prefix, topics = await fresh_run(bootstrap, standin, "bm")
     out: dict[str, Any] = {}
     with worker(bootstrap, prefix, standin, tmp) as procs:
@@ -748,7 +752,7 @@ async def memory(
         await produce(bootstrap, topics.agent_events, call_events(rng))
         await asyncio.to_thread(wait_fed_back, standin, 1, 120, procs)
         await wait_consumed(bootstrap, prefix, topics.agent_events)
-        await asyncio.sleep(2)
+        await asyncio.sleep(MEMORY_SETTLE_S)
         before = rss_kib(pid)
         traces = {"base": await trace(prefix, "base")}
         for events, n in shapes:
@@ -762,7 +766,7 @@ async def memory(
             await produce(bootstrap, topics.agent_events, partial)
             await wait_consumed(bootstrap, prefix, topics.agent_events)
             seconds = time.monotonic() - t0
-            await asyncio.sleep(2)
+            await asyncio.sleep(MEMORY_SETTLE_S)
             after = rss_kib(pid)
             per_open = (after - before) * 1024 / n
             out[f"events_{events}"] = {
@@ -894,8 +898,12 @@ async def soak(
     prefix, topics = await fresh_run(bootstrap, standin, "bs")
     calls_per_s = max(0.5, rate_events / EVENTS_PER_CALL)
     samples: list[tuple[float, int]] = []
+    # traced, the worker runs untraced until the base dump: traced from its start, it falls
+    # behind the load (bench/traced_worker.py)
+    traced = {"TRACE_FROM_BASE": "1"} if TRACE_DIR is not None else {}
+    fed: list[tuple[float, int]] = []  # calls fed back over time: whether the worker keeps up
     with worker(
-        bootstrap, prefix, standin, tmp, TRAJSTREAM_ASSEMBLY__LATE_RETENTION_S="60"
+        bootstrap, prefix, standin, tmp, TRAJSTREAM_ASSEMBLY__LATE_RETENTION_S="60", **traced
     ) as procs:
         pid = procs[0].pid
         producer = AIOKafkaProducer(
@@ -921,6 +929,7 @@ async def soak(
                 n += 1
                 if time.monotonic() >= next_sample:
                     samples.append((round(time.monotonic() - t0, 1), rss_kib(pid)))
+                    fed.append((samples[-1][0], standin.counts()["feedback_ok"]))
                     next_sample += max(1.0, seconds / 120)
                 await asyncio.sleep(max(0.0, t0 + n / calls_per_s - time.monotonic()))
             samples.append((round(time.monotonic() - t0, 1), rss_kib(pid)))
@@ -946,6 +955,7 @@ async def soak(
         "slope_kib_per_hour": round(slope, 1),
         "slope_pct_per_hour": round(100 * slope / first, 2),
         "samples": samples,
+        "fed_back_samples": fed,
         **({"tracemalloc": traces} if traces else {}),
     }
 
@@ -1005,7 +1015,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     def show(name: str, key: str | None = None) -> None:
         value = results[key or name]
         if isinstance(value, dict):
-            value = {k: v for k, v in value.items() if k not in ("samples", "runs")}
+            value = {k: v for k, v in value.items() if k not in ("samples", "runs", "fed_back_samples")}
         console.print(f"{name} ({durations[name]:g}s)", value)
 
     try:
@@ -1027,6 +1037,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 results["pipeline"] = await pipeline(bootstrap, standin, tmp, args.calls, rng)
             show("pipeline")
         half = (results.get("pipeline", {}).get("events_per_s") or 500) / 2
+        soak_rate = args.soak_rate or half
         if "latency" in only:
             with timed("latency", f"at {half:.0f} events/s"):
                 results["latency"] = await latency(
@@ -1066,8 +1077,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             results["state"] = {"small": a, "large": b}
             show("state")
         if "soak" in only:
-            with timed("soak", f"{args.soak_seconds:g}s at {half:.0f} events/s"):
-                results["soak"] = await soak(bootstrap, standin, tmp, half, args.soak_seconds, rng)
+            with timed("soak", f"{args.soak_seconds:g}s at {soak_rate:.0f} events/s"):
+                results["soak"] = await soak(
+                    bootstrap, standin, tmp, soak_rate, args.soak_seconds, rng
+                )
             show("soak")
     finally:
         standin.stop()
@@ -1312,6 +1325,13 @@ if __name__ == "__main__":
     )
     parser.add_argument("--latency-seconds", type=float, default=None)
     parser.add_argument("--soak-seconds", type=float, default=1800)
+    parser.add_argument(
+        "--soak-rate",
+        type=float,
+        default=None,
+        help="soak: events/s offered (default: half the pipeline's rate in this run, 250 "
+        "without the pipeline scenario)",
+    )
     parser.add_argument("--bootstrap", help="use this Kafka instead of starting one")
     parser.add_argument(
         "--trace-memory",

@@ -51,7 +51,12 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from ..io.kafka import create_topics, wait_until_ready
     from ..runtime.live import Pipeline
-    from ..runtime.worker import BoundedWorker, install_log_limits, install_metadata_backoff
+    from ..runtime.worker import (
+        BoundedWorker,
+        install_allocator_limits,
+        install_log_limits,
+        install_metadata_backoff,
+    )
     from ..settings import check_faust_environment
     from ..topics import Topics
 
@@ -93,6 +98,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         log.info("metrics and health on %s (/metrics /healthz /readyz)", url)
     install_metadata_backoff()
     install_log_limits()
+    install_allocator_limits()
     worker = BoundedWorker(
         pipeline.app,
         loglevel=settings.log_level,

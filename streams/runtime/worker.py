@@ -19,6 +19,9 @@ flush to a broker that is not there). Here:
   ``stop_timeout_s``; past it the process exits at once (code 1), as a SIGKILL would end it.
   That commits nothing: offsets not committed are read again by the next owner (delivery is
   at-least-once and every effect is idempotent), and a write-ahead commit is resolved by it.
+- :func:`install_allocator_limits` and :meth:`BoundedWorker.heap_trimmer`: glibc's malloc set for
+  a long-lived process, and the free memory it keeps handed back to the system now and then
+  (see :func:`install_allocator_limits` for what was measured).
 
 May import: faust, aiokafka, the standard library. Nothing of the core.
 """
@@ -26,6 +29,7 @@ May import: faust, aiokafka, the standard library. Nothing of the core.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import inspect
 import logging
@@ -39,7 +43,13 @@ from typing import Any
 
 import faust
 
-__all__ = ["BoundedWorker", "Repeats", "install_log_limits", "install_metadata_backoff"]
+__all__ = [
+    "BoundedWorker",
+    "Repeats",
+    "install_allocator_limits",
+    "install_log_limits",
+    "install_metadata_backoff",
+]
 
 log = logging.getLogger("trajstream")
 
@@ -153,6 +163,64 @@ def install_log_limits(filter_: Repeats | None = None) -> Repeats:
     return filter_
 
 
+# mallopt parameters (glibc malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+MMAP_THRESHOLD = 128 * 1024  # glibc's default, made fixed (see install_allocator_limits)
+ARENA_MAX = 2  # the event loop's thread and the Kafka consumer's thread
+TRIM_EVERY_S = 10.0
+
+
+def _libc() -> Any | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.mallopt  # noqa: B018 - glibc, not musl or another libc
+        libc.malloc_trim  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def install_allocator_limits() -> bool:
+    """Set glibc's malloc for a long-lived worker, before its threads start; whether it did
+    (only with glibc).
+
+    What a worker does to its heap: Kafka fetch responses and the records fetched ahead of
+    the agents (thousands while a backlog is drained), producer batches and decoded events
+    are short-lived; the stored state (open calls, closed markers) lives for minutes, in
+    between. Freed, the short-lived memory stays the process's: glibc raises its mmap
+    threshold to the size of each large block freed (up to 32 MiB), so later fetch buffers
+    are carved from the heap too, and a heap gives back only its free top. So a worker's RSS
+    rose to the high-water mark of its backlogs and stayed (the soak's drift, found with a
+    census of the heap: bytes in use went back down, RSS did not). Here: the mmap threshold
+    fixed at glibc's default of 128 KiB (large buffers go back to the system when freed), a
+    heap's free top given back above the same, two arenas (the event loop's thread and the
+    Kafka consumer's; glibc allows eight per core), and :meth:`BoundedWorker.heap_trimmer`
+    hands back the free pages inside the heaps every ``TRIM_EVERY_S``.
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    ok = all(
+        libc.mallopt(param, value) == 1
+        for param, value in (
+            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            (_M_TRIM_THRESHOLD, MMAP_THRESHOLD),
+            (_M_ARENA_MAX, ARENA_MAX),
+        )
+    )
+    return ok
+
+
+def trim_heap() -> None:
+    """Hand the free pages glibc's malloc keeps (inside its heaps, not only at their top) back
+    to the system (``malloc_trim(0)``); nothing without glibc."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 class BoundedWorker(faust.Worker):
     """Faust's worker with a stop that ends: ``stop_timeout_s`` after SIGTERM (or SIGINT) the
     process exits with code 1 if the graceful stop has not finished."""
@@ -166,6 +234,14 @@ class BoundedWorker(faust.Worker):
         self.spinner = None
         self.stop_timeout_s = stop_timeout_s
         self._watchdog: threading.Timer | None = None
+
+    @faust.Worker.timer(TRIM_EVERY_S)
+    async def heap_trimmer(self) -> None:
+        """Every TRIM_EVERY_S: the free memory malloc keeps is handed back (:func:`trim_heap`).
+        After a backlog is drained, the pages its buffers took among long-lived values stay
+        with the process otherwise. A trim blocks the loop for about 10 ms per 100 MiB of
+        fragmented heap (measured: 106 ms for 1.2 GiB; a worker's heap is about 50 MiB)."""
+        trim_heap()
 
     def _schedule_shutdown(self, signal: Any) -> None:
         if self._watchdog is None:

@@ -89,3 +89,48 @@ def test_the_worker_has_no_spinner_that_would_put_the_root_logger_at_debug() -> 
     level = root.level
     w._setup_spinner_handler(root, logging.WARNING)
     assert root.level == level, "no handler put the root logger at DEBUG"
+
+
+_FRAGMENTED_HEAP = """
+import json, sys
+from streams.runtime.worker import install_allocator_limits, trim_heap
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) * 1024
+
+print("installed", install_allocator_limits(), file=sys.stderr)
+# 64 MiB of 64 KiB buffers (below the mmap threshold: carved from the heap), each followed by
+# a small value that stays: freed, the buffers are holes the heap's top cannot give back
+buffers, kept = [], []
+for i in range(1024):
+    buffers.append(bytearray(64 * 1024))
+    kept.append(bytes(1000 + (i & 7)))
+del buffers
+freed = rss()
+%s
+print(json.dumps({"freed": freed, "after": rss()}))
+"""
+
+
+def _heap_after(trim: bool) -> dict[str, int]:
+    import json
+    import subprocess
+    import sys
+
+    code = _FRAGMENTED_HEAP.replace("%s", "trim_heap()" if trim else "")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.skipif(worker._libc() is None, reason="glibc's malloc only")
+def test_a_heap_trim_gives_back_what_freed_buffers_left_inside_the_heap() -> None:
+    untrimmed = _heap_after(trim=False)
+    trimmed = _heap_after(trim=True)
+    # without the trim, the freed 64 MiB stay the process's; with it, most go back
+    assert untrimmed["freed"] - untrimmed["after"] < 8 << 20
+    assert trimmed["freed"] - trimmed["after"] > 48 << 20
+
+
+def test_the_worker_trims_its_heap_on_a_timer() -> None:
+    assert "heap_trimmer" in worker.BoundedWorker._tasks[worker.BoundedWorker._get_class_id()]
