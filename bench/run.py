@@ -737,13 +737,18 @@ async def open_state(
 
 
 async def memory(
-    bootstrap: str, standin: Standin, tmp: Path, shapes: list[tuple[int, int]], rng: random.Random
+    bootstrap: str,
+    standin: Standin,
+    tmp: Path,
+    shapes: list[tuple[int, int]],
+    rng: random.Random,
+    settle: float = MEMORY_SETTLE_S,
 ) -> dict[str, Any]:
     """RSS per open call beyond its payload, for each (events per call, open calls) in
     ``shapes``: open calls that never end (no END, abandonment an hour away) are produced one
     shape after the other into one worker; the worker's RSS is read once it has consumed each
     shape (its group committed the input's end), and the payload (the records' bytes) is
-    subtracted from the growth. RSS is read MEMORY_SETTLE_S after each shape was consumed."""
+    subtracted from the growth. RSS is read ``settle`` seconds after each shape was consumed."""
     prefix, topics = await fresh_run(bootstrap, standin, "bm")
     out: dict[str, Any] = {}
     with worker(bootstrap, prefix, standin, tmp) as procs:
@@ -752,7 +757,7 @@ async def memory(
         await produce(bootstrap, topics.agent_events, call_events(rng))
         await asyncio.to_thread(wait_fed_back, standin, 1, 120, procs)
         await wait_consumed(bootstrap, prefix, topics.agent_events)
-        await asyncio.sleep(MEMORY_SETTLE_S)
+        await asyncio.sleep(settle)
         before = rss_kib(pid)
         traces = {"base": await trace(prefix, "base")}
         for events, n in shapes:
@@ -766,7 +771,7 @@ async def memory(
             await produce(bootstrap, topics.agent_events, partial)
             await wait_consumed(bootstrap, prefix, topics.agent_events)
             seconds = time.monotonic() - t0
-            await asyncio.sleep(MEMORY_SETTLE_S)
+            await asyncio.sleep(settle)
             after = rss_kib(pid)
             per_open = (after - before) * 1024 / n
             out[f"events_{events}"] = {
@@ -1012,10 +1017,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             yield
         durations[name] = round(time.monotonic() - t0, 1)
 
+    CURVES = ("samples", "runs", "fed_back_samples")  # in the JSON, not on the console
+
     def show(name: str, key: str | None = None) -> None:
         value = results[key or name]
         if isinstance(value, dict):
-            value = {k: v for k, v in value.items() if k not in ("samples", "runs", "fed_back_samples")}
+            value = {k: v for k, v in value.items() if k not in CURVES}
         console.print(f"{name} ({durations[name]:g}s)", value)
 
     try:
@@ -1047,7 +1054,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if "memory" in only:
             shapes = [(1, args.open_calls), (10, max(50, args.open_calls // 4))]
             with timed("memory", f"open calls {shapes} (events per call, calls)"):
-                results["memory"] = await memory(bootstrap, standin, tmp, shapes, rng)
+                settle = 2 if args.quick else MEMORY_SETTLE_S
+                results["memory"] = await memory(bootstrap, standin, tmp, shapes, rng, settle)
             show("memory")
         if "changelog" in only:
             shapes = [(5, args.changelog_calls), (100, max(2, args.changelog_calls // 50))]

@@ -69,8 +69,16 @@ class _MallInfo2(ctypes.Structure):
     _fields_ = [
         (f, ctypes.c_size_t)
         for f in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost",
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
         )
     ]
 
@@ -172,7 +180,8 @@ def _census(name: str) -> None:
         lines.append(f"{n:>10,}  {kind:12} {_owner(found[i], skip)}")
     _sizes.clear()
     _sizes.update(sized)
-    del objects, found
+    found.clear()
+    del objects
     (out / f"{name}.txt").write_text("\n".join(lines) + "\n")
 
 
@@ -196,9 +205,7 @@ def _dump(name: str) -> None:
             for stat in snap.compare_to(old, key)[:top]:
                 # a traceback runs from the oldest frame to the allocation: allocation first
                 frames = list(reversed(stat.traceback))
-                lines.append(
-                    f"{stat.size_diff:+12,} B {stat.count_diff:+9,}  {_where(frames[0])}"
-                )
+                lines.append(f"{stat.size_diff:+12,} B {stat.count_diff:+9,}  {_where(frames[0])}")
                 if key == "traceback":
                     lines.extend(f"{'':26}{_where(f)}" for f in frames[1:6])
     taken.append(snap)

@@ -14,8 +14,10 @@ Each entry carries the event's id, kind, seq, the END's step count and size besi
 so the assembly's :class:`~streams.core.assembly.Progress` is rebuilt without decoding events.
 
 :class:`OpenCalls` adds a bounded in-process cache beside the store: the progress of recently
-touched calls and the events already decoded when they arrived, so that neither is read again
-from the store and a closing call's events are not decoded a second time. The store stays the
+touched calls (up to ``cache_calls``) and, for the most recent of them, the events already
+decoded when they arrived (up to ``cache_bytes`` of their wire bytes), so that neither is read
+again from the store and a closing call's events are not decoded a second time. A call whose
+decoded events were dropped keeps its progress and decodes its events at close. The store stays the
 truth: a miss (a call evicted, or any call after :meth:`OpenCalls.reset`, which the runners call
 when partitions move) reads it back, and every change is written to the store first.
 
@@ -56,7 +58,7 @@ class OpenCall:
     events: list[Event] | None = field(default_factory=list)
     """None when unknown (read back from the store): the events are decoded at close."""
     size: int = 0
-    """The bytes the cache counts for it."""
+    """The bytes the cache counts for it: its decoded events' wire bytes (0 without them)."""
 
 
 class OpenCalls:
@@ -79,6 +81,8 @@ class OpenCalls:
         self.cache_calls = cache_calls
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[bytes, OpenCall] = OrderedDict()
+        # the keys of cached calls that hold their decoded events, least recently used first
+        self._decoded: OrderedDict[bytes, None] = OrderedDict()
         self._cached_bytes = 0
         self.layout = OpenCallLayout(codec)
         self.legacy = _Legacy(codec)
@@ -86,6 +90,7 @@ class OpenCalls:
     def reset(self) -> None:
         """Forget the cache: another worker may have changed the store meanwhile."""
         self._cache.clear()
+        self._decoded.clear()
         self._cached_bytes = 0
 
     # -- reading -------------------------------------------------------------------------------
@@ -95,6 +100,8 @@ class OpenCalls:
         call = self._cache.get(key)
         if call is not None:
             self._cache.move_to_end(key)
+            if call.events is not None:
+                self._decoded.move_to_end(key)
             return call
         raw = self.store.get(key)
         if raw is None:
@@ -168,9 +175,11 @@ class OpenCalls:
             if call.events is not None:
                 call.events.append(event)
         if key in self._cache:
-            call.size += len(data)
-            self._cached_bytes += len(data)
             self._cache.move_to_end(key)
+            if call.events is not None:
+                call.size += len(data)
+                self._cached_bytes += len(data)
+                self._decoded.move_to_end(key)
             self._trim()
         else:
             self._remember(key, call)
@@ -189,8 +198,10 @@ class OpenCalls:
     # -- the cache ---------------------------------------------------------------------------
 
     def _remember(self, key: bytes, call: OpenCall) -> None:
-        call.size = call.progress.bytes
+        call.size = call.progress.bytes if call.events is not None else 0
         self._cache[key] = call
+        if call.events is not None:
+            self._decoded[key] = None
         self._cached_bytes += call.size
         self._trim()
 
@@ -199,14 +210,22 @@ class OpenCalls:
         cached = self._cache.pop(key, None)
         if cached is not None:
             self._cached_bytes -= cached.size
+        self._decoded.pop(key, None)
 
     def _trim(self) -> None:
-        cache = self._cache
-        while len(cache) > self.cache_calls or (
-            self._cached_bytes > self.cache_bytes and len(cache) > 1
-        ):
-            _, old = cache.popitem(last=False)
+        cache, decoded = self._cache, self._decoded
+        while len(cache) > self.cache_calls:
+            key, old = cache.popitem(last=False)
             self._cached_bytes -= old.size
+            decoded.pop(key, None)
+        # past the bytes bound, the least recent calls drop their decoded events (the heap
+        # they take, about 3.3 times their wire bytes) and keep their progress
+        while self._cached_bytes > self.cache_bytes and len(decoded) > 1:
+            key, _ = decoded.popitem(last=False)
+            old = cache[key]
+            self._cached_bytes -= old.size
+            old.size = 0
+            old.events = None
 
     # -- the stored form -----------------------------------------------------------------------
 

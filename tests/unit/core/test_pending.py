@@ -199,3 +199,38 @@ def test_after_a_reset_one_pass_over_the_store_rebuilds_every_partitions_deadlin
     abandoned = core.assembler.on_tick(1, at(61))
     assert sorted(d.call_id for d in abandoned.records("decisions")) == ["call-b", "call-c"]
     assert scans == 1
+
+
+class ReadCountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        self.reads += 1
+        return super().get(key)
+
+
+def test_past_the_bytes_bound_a_call_drops_its_decoded_events_and_keeps_its_progress() -> None:
+    from streams.core.assembly import Progress
+
+    store = ReadCountingStore()
+    cache = OpenCalls(store, CODEC, cache_bytes=1)
+    calls = {}
+    for cid in ("a", "b"):
+        event = start(cid)
+        data = CODEC.encode(event)
+        progress = Progress(cid, at(0), 0)
+        progress.apply(event, len(data))
+        calls[cid] = cache.add(cid.encode(), None, progress, event, data)
+    # the bound holds the most recent call's events only; the older call keeps its progress
+    assert calls["a"].events is None
+    assert calls["b"].events is not None
+    reads = store.reads
+    again = cache.get(b"a")
+    assert again is calls["a"] and again.progress.has_start
+    assert store.reads == reads  # from the cache, not read back from the store
+    # at close, the dropped events are decoded from the store
+    state = cache.pending_call(b"a", again)
+    assert state.start == start("a")
+    assert store.reads > reads
