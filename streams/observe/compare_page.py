@@ -108,7 +108,19 @@ def _chart(agent: str, rows: list[Comparison], width: int = 900, height: int = 2
 
 def compare_html(comparisons: Sequence[Comparison], routing: Sequence[RoutingShare]) -> str:
     """The section: one chart per agent (window comparisons), the routing changes below it."""
-    windows = sorted((c for c in comparisons if c.span == "window"), key=lambda c: c.window_start)
+    # a window or a routing change written again (a redelivery after a worker was killed, or a
+    # replay) is shown once: the last emitted comparison of a window, the first record of a version
+    latest: dict[tuple[str, object], Comparison] = {}
+    for c in comparisons:
+        if c.span == "window":
+            key = (c.agent_name, c.window_start)
+            if key not in latest or c.emitted_at >= latest[key].emitted_at:
+                latest[key] = c
+    windows = sorted(latest.values(), key=lambda c: c.window_start)
+    versions: dict[tuple[str, int], RoutingShare] = {}
+    for r in routing:
+        versions.setdefault((r.agent_name, r.version), r)
+    routing = list(versions.values())
     if not windows:
         return (
             '<p class="muted" id="compare-empty">no comparison yet (the gateway routed no call '

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -23,12 +24,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from aiohttp import web
 
 from streams.capture.gateway import Gateway
 from streams.capture.routing import ShareBook, decide_route
 from streams.core.select import sample_point
 from streams.devtools.standin import StandIn
 from streams.models import AgentCall, CallPhase, Comparison, RoutingShare
+from streams.observe.pages import application
+from streams.settings import Settings
 
 from .conftest import base_env, read_topic, wait_for
 from .test_gateway import running_gateway
@@ -259,6 +263,23 @@ async def test_the_policy_is_promoted_then_rolled_back_and_replicas_agree(
     shown = json.loads(cli(env, "routing", "show", "--json"))
     assert shown[AGENT]["version"] == 5 and shown[AGENT]["action"] == "resume"
 
+    # the status page shows it: both arms' trends, the difference with its band per window,
+    # and every routing change with its action and share
+    page = await status_page(kafka_bootstrap, prefix)
+    chart = re.search(rf'<svg class="compare" data-agent="{AGENT}".*?</svg>', page, re.S)
+    assert chart, "no comparison chart for the agent on the status page"
+    assert {a for a in re.findall(r'class="arm" data-arm="(\w+)"', chart.group(0))} == {
+        "policy",
+        "production",
+    }
+    assert 'class="band"' in chart.group(0)
+    shown_verdicts = set(re.findall(r'class="diff"[^>]*data-verdict="(\w+)"', chart.group(0)))
+    assert {"better", "worse"} <= shown_verdicts, shown_verdicts
+    changes = re.findall(r'<li class="routing" data-action="(\w+)" data-share="([\d.]+)"', page)
+    assert [(a, float(s)) for a, s in changes] == [
+        (r.action, r.share) for r in [*rolled, resumed[-1]]
+    ], changes
+
     # a replay of the closed windows reproduces the published comparisons and decisions (the
     # worker stopped first: nothing closes between the two reads)
     await asyncio.to_thread(worker.stop)
@@ -274,3 +295,22 @@ async def test_the_policy_is_promoted_then_rolled_back_and_replicas_agree(
     assert {same(c) for c in replayed["comparisons"]} == {same(c) for c in published["comparisons"]}
     automatic = [r for r in published["routing"] if r["action"] not in ("set", "resume")]
     assert decided(replayed["routing"]) == decided(automatic)
+
+
+async def status_page(bootstrap: str, prefix: str) -> str:
+    """The status page's index (``trajstream status --web``'s application), over real HTTP."""
+    settings = Settings(
+        app_id=prefix, kafka={"bootstrap_servers": bootstrap, "topic_prefix": prefix}
+    )
+    runner = web.AppRunner(application(settings, bootstrap))
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        async with httpx.AsyncClient(timeout=30) as client:
+            got = await client.get(f"http://{host}:{port}/")
+        assert got.status_code == 200, got.text[:500]
+        return got.text
+    finally:
+        await runner.cleanup()

@@ -62,3 +62,24 @@ def test_the_index_has_the_section() -> None:
     assert 'id="compare-empty"' in empty
     page = index_html(snapshot(), [], [], [], [], comparisons=[comparison()])
     assert "Policy against production" in page and 'class="compare"' in page
+
+
+def test_a_window_or_a_routing_change_written_twice_is_shown_once() -> None:
+    # a redelivery after the ledger owner was killed writes a window's comparison again (a later
+    # emitted_at, maybe other figures: the latest is shown) and a routing version again
+    first = comparison(window_start=at(0), policy_mean=0.6, emitted_at=at(70))
+    again = comparison(window_start=at(0), policy_mean=0.65, emitted_at=at(90))
+    change = RoutingShare(
+        agent_name="researcher",
+        share=0.3,
+        previous_share=0.2,
+        version=2,
+        effective_at=at(70),
+        decided_at=at(65),
+        action="promote",
+        reason="won",
+    )
+    page = compare_html([again, first], [change, change.model_copy()])
+    means = re.findall(r'data-arm="policy" data-window-start="[^"]+" data-mean="([^"]+)"', page)
+    assert means == ["0.65"]
+    assert page.count('data-action="promote"') == 1
