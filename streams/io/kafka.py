@@ -153,15 +153,6 @@ async def create_topics(
         raise BrokerError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
     try:
         existing = set(await client.list_topics())
-        if existing & set(wanted):
-            described = await client.describe_topics([t for t in wanted if t in existing])
-            for desc in described:
-                name, have = desc["topic"], len(desc["partitions"])
-                if have != wanted[name]:
-                    raise BrokerError(
-                        f"topic {name} has {have} partitions, the settings say {wanted[name]} "
-                        "(kafka.partitions): co-partitioned topics must agree"
-                    )
         missing = [
             NewTopic(t, n, replication, topic_configs=dict(configs.get(t, {})))
             for t, n in wanted.items()
@@ -191,9 +182,54 @@ async def create_topics(
                         "Kafka refused to create "
                         + "; ".join(f"{n}: error {c} {m or ''}".strip() for n, c, m in failed)
                     )
+        # every wanted topic, also one this client did not list (another process created it
+        # meanwhile: "already exists") or listed before its partitions were there
+        for name, have in (await _partition_counts(client, list(wanted))).items():
+            if have != wanted[name]:
+                raise BrokerError(
+                    f"topic {name} has {have} partitions, the settings say {wanted[name]} "
+                    "(kafka.partitions): co-partitioned topics must agree"
+                )
         return [t.name for t in missing]
     finally:
         await client.close()
+
+
+CREATING_TIMEOUT_S = 30.0
+"""How long :func:`create_topics` waits for a topic that another process is creating."""
+
+
+async def _partition_counts(
+    client: AIOKafkaAdminClient, names: list[str], timeout_s: float | None = None
+) -> dict[str, int]:
+    """The partition count of each topic in ``names``, once each is settled.
+
+    A topic that another process (a second worker starting at the same moment) is creating
+    is listed before its partitions are: described then, it has none, or an error such as
+    LEADER_NOT_AVAILABLE. Such a topic is described again until it has partitions, for at
+    most ``timeout_s`` (:data:`CREATING_TIMEOUT_S`), so that a topic in creation is never taken
+    for a topic of the wrong size."""
+    timeout_s = CREATING_TIMEOUT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    counts: dict[str, int] = {}
+    pending = list(names)
+    while True:
+        unsettled = []
+        for desc in await client.describe_topics(pending):
+            name, partitions = desc["topic"], desc.get("partitions") or []
+            if desc.get("error_code", 0) or not partitions:
+                unsettled.append(name)
+            else:
+                counts[name] = len(partitions)
+        if not unsettled:
+            return counts
+        if time.monotonic() >= deadline:
+            raise BrokerError(
+                "topic(s) " + ", ".join(sorted(unsettled)) + " still have no partitions "
+                f"after {timeout_s:g}s (being created by another process, or a broker is down?)"
+            )
+        pending = unsettled
+        await asyncio.sleep(0.2)
 
 
 def _with_min_insync(

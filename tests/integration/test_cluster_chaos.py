@@ -74,7 +74,12 @@ async def test_a_killed_broker_and_a_killed_controller_lose_nothing(
         print(f"cluster chaos: killed {killed}; {verdict}; {traffic.failed} call(s) failed")
         assert not verdict.problems, "\n".join(verdict.problems[:20])
         assert verdict.events.calls >= 30
-        assert all(w.alive for w in pool.started), "a worker died"
+        dead = [w for w in pool.started if not w.alive]
+        assert not dead, "a worker died: " + "; ".join(
+            f"{w.log.name} exit {w.proc.returncode if w.proc else None}: "
+            + w.log.read_text(errors="replace").strip().splitlines()[-1][:300]
+            for w in dead
+        )
     except BaseException:
         if pool is not None:
             print(pool.logs())

@@ -83,6 +83,9 @@ async def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
     return samples
 
 
+LAG = "trajstream_consumer_lag_records"
+
+
 def _sum(samples, name: str, **labels: str) -> float:
     return sum(
         v
@@ -154,10 +157,15 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
     async def settled() -> bool:
         nonlocal samples
         samples = await _scrape(url)
+        # the lag gauge is refreshed every observe.lag_interval_s from the highwaters the
+        # fetcher has seen: a run that settles within one interval of the first fetch (seen in
+        # CI: 0.6 s from ready to the first commit) is scraped before it is set
+        lagged = {dict(ls)["topic"] for n, ls in samples if n == LAG}
         return (
             _sum(samples, "trajstream_decisions_total") == len(sims)
             and _sum(samples, "trajstream_commits_total", result="sent") >= 1
             and _sum(samples, "trajstream_dead_letters_total") == 1
+            and f"{prefix}.agent-events" in lagged
         )
 
     for _ in range(50):
@@ -175,7 +183,7 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
     assert _sum(samples, "trajstream_open_calls") == 0
     assert _sum(samples, "trajstream_ready") == 1
     assert 0 <= _sum(samples, "trajstream_seconds_since_last_commit") < 60
-    lag_topics = {dict(ls)["topic"] for n, ls in samples if n == "trajstream_consumer_lag_records"}
+    lag_topics = {dict(ls)["topic"] for n, ls in samples if n == LAG}
     assert f"{prefix}.agent-events" in lag_topics
     assert not any(t.endswith("-changelog") for t in lag_topics)
     windows = {
