@@ -52,6 +52,11 @@ from ..topics import Topics
 from .jobs import Job, job_size
 from .publisher import Publisher, PublisherStats, Record
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["RecorderProcess", "kafka_publisher"]
 
 log = logging.getLogger(__name__)
@@ -108,6 +113,20 @@ def create_topics(settings: Settings, topics: Topics) -> Callable[[], Awaitable[
         )
 
     return prepare
+
+
+PIPE_BYTES = 1 << 20
+"""The pipe to the recorder is widened to this (Linux allows 1 MiB unprivileged): about a
+second of records at 1,000 requests/s that the recorder may be behind reading before buffered
+answers wait for it, all of it in the kernel, so it outlives a SIGKILL of the serving process."""
+
+
+def _widen_pipe(pipe: Any) -> None:
+    setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only (None without fcntl)
+    if pipe is None or setpipe is None:
+        return
+    with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size: the default stays
+        fcntl.fcntl(pipe.fileno(), setpipe, PIPE_BYTES)
 
 
 class _Spill:
@@ -237,6 +256,10 @@ class RecorderProcess:
         behind reading it), or once the child that should have had them died."""
         if position <= self._handed:
             return None
+        if self._outbox:  # write it now rather than at the next turn: nothing to wait for
+            self._flush_outbox()
+            if position <= self._handed:
+                return None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._hand_waiters, (position, next(self._ids), future))
         return future
@@ -330,6 +353,7 @@ class RecorderProcess:
         assert self._proc.stdin is not None
         # write limits of 0: drain() returns once everything written is in the pipe (handed)
         self._proc.stdin.transport.set_write_buffer_limits(high=0)
+        _widen_pipe(self._proc.stdin.transport.get_extra_info("pipe"))
         # what is published from now on goes to this child; what went to a dead one is lost
         began_at = self._lost_upto = max(self._lost_upto, self._position)
         data = pickle.dumps((self.settings, process_framing() is not None), _PROTOCOL)

@@ -262,9 +262,9 @@ async def test_buffered_answers_once_the_recorder_s_pipe_has_the_records(
                         try:
                             r = await http.post(
                                 f"{gw.url}/calls/{cid}/v1/chat/completions",
-                                json={  # about 4 KB of request per job in the pipe
+                                json={  # about 40 KB of request per job in the pipe
                                     "model": "m",
-                                    "messages": [{"role": "user", "content": "q" * 4000}],
+                                    "messages": [{"role": "user", "content": "q" * 40_000}],
                                 },
                             )
                             r.raise_for_status()
@@ -273,8 +273,8 @@ async def test_buffered_answers_once_the_recorder_s_pipe_has_the_records(
                             return  # the process is gone: this one was not answered
 
             agents = [asyncio.create_task(agent(n)) for n in range(4)]
-            # a pipe holds 64 KiB: the answers stop well before 200 requests (they would not,
-            # were the records kept in the serving process's memory)
+            # the pipe holds 1 MiB (recorder.PIPE_BYTES): the answers stop well before 200
+            # requests (they would not, were the records kept in the serving process's memory)
             before = -1
             while len(answered) != before and len(answered) < 200:
                 before = len(answered)

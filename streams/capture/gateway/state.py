@@ -104,9 +104,9 @@ class GatewayState(Upstreams):
 
     async def _durable(self, ack: Awaitable[Any] | None) -> bool:
         """acked mode: wait (up to ack_timeout_s) for the broker; False when it did not ack.
-        Buffered mode: wait for the hand-over to the recorder (a turn of the event loop, longer
-        only while the recorder is behind reading its pipe; answered anyway after
-        ack_timeout_s); always True."""
+        Buffered mode: wait for the hand-over to the recorder (none: the records were written
+        to its pipe when queued; a wait only while the recorder is behind reading the pipe,
+        answered anyway after ack_timeout_s); always True."""
         if ack is None:
             return True
         if not self.acked:
