@@ -177,6 +177,28 @@ def recorder_pid(gw: GatewayProcess) -> int:
     return children[0]
 
 
+async def recorder_stops(recorder: int, timeout: float) -> None:
+    """The recorder, its serving process killed, publishes what it holds and exits."""
+    await wait_for(
+        lambda: (
+            not Path(f"/proc/{recorder}").exists()
+            or "zombie" in Path(f"/proc/{recorder}/status").read_text()
+        ),
+        timeout=timeout,
+        what="the recorder to publish and stop by itself",
+    )
+
+
+async def answered_not_on_topic(bootstrap: str, prefix: str, answered: dict[str, str]) -> set[str]:
+    records = await read_topic(
+        bootstrap,
+        f"{prefix}.agent-events",
+        until=lambda got: set(answered) <= set(steps_by_call(got)),
+        timeout=30,
+    )
+    return set(answered) - set(steps_by_call(records))
+
+
 async def traffic_until_killed(
     gw: GatewayProcess, answered: dict[str, str], kill_after: int, kill: Any
 ) -> None:
@@ -213,20 +235,8 @@ async def test_buffered_the_serving_process_killed_alone_its_recorder_publishes_
         assert gw.proc is not None
         await traffic_until_killed(gw, answered, 60, lambda: os.kill(gw.proc.pid, signal.SIGKILL))
         gw.proc.wait(10)
-        await wait_for(
-            lambda: not Path(f"/proc/{recorder}").exists()
-            or "zombie" in Path(f"/proc/{recorder}/status").read_text(),
-            timeout=30,
-            what="the recorder to stop by itself",
-        )
-    records = await read_topic(
-        kafka_bootstrap,
-        f"{prefix}.agent-events",
-        until=lambda got: set(answered) <= set(steps_by_call(got)),
-        timeout=30,
-    )
-    steps = steps_by_call(records)
-    missing = set(answered) - set(steps)
+        await recorder_stops(recorder, timeout=30)
+    missing = await answered_not_on_topic(kafka_bootstrap, prefix, answered)
     assert not missing, f"answered but not on the topic: {sorted(missing)[:5]}"
     assert "the gateway closed the recorder's pipe" in (tmp_path / "gateway.log").read_text()
 
@@ -286,19 +296,8 @@ async def test_buffered_answers_once_the_recorder_s_pipe_has_the_records(
             await asyncio.gather(*agents)
         finally:
             os.kill(recorder, signal.SIGCONT)
-        await wait_for(
-            lambda: not Path(f"/proc/{recorder}").exists()
-            or "zombie" in Path(f"/proc/{recorder}/status").read_text(),
-            timeout=60,
-            what="the recorder to publish and stop by itself",
-        )
-    records = await read_topic(
-        kafka_bootstrap,
-        f"{prefix}.agent-events",
-        until=lambda got: set(answered) <= set(steps_by_call(got)),
-        timeout=30,
-    )
-    missing = set(answered) - set(steps_by_call(records))
+        await recorder_stops(recorder, timeout=60)
+    missing = await answered_not_on_topic(kafka_bootstrap, prefix, answered)
     assert not missing, f"answered but not on the topic: {len(missing)} of {len(answered)}"
 
 
