@@ -109,15 +109,12 @@ class GatewayState(Upstreams):
         answered anyway after ack_timeout_s); always True."""
         if ack is None:
             return True
-        if not self.acked:
-            try:
-                await asyncio.wait_for(ack, self.config.ack_timeout_s)
-            except TimeoutError:
-                self.stats.handover_timeouts += 1
-            return True
         try:
             await asyncio.wait_for(ack, self.config.ack_timeout_s)
         except TimeoutError:
+            if not self.acked:
+                self.stats.handover_timeouts += 1
+                return True
             self.stats.ack_timeouts += 1
             return False
         return True
