@@ -56,6 +56,12 @@ class _State(Collector):
         ):
             requests.add_metric([outcome], value)
         yield requests
+        yield CounterMetricFamily(
+            "trajstream_gateway_handover_timeouts",
+            "buffered answers sent before their records reached the recorder's pipe "
+            "(the recorder was gateway.ack_timeout_s behind reading it)",
+            value=stats.handover_timeouts,
+        )
         yield GaugeMetricFamily(
             "trajstream_gateway_buffered_records",
             "records in memory for Kafka",

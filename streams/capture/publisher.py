@@ -317,6 +317,11 @@ class Publisher:
             heapq.heappush(self._waiters, (position, next(self._waiter_ids), future))
         return future
 
+    def handed(self, position: int) -> asyncio.Future[None] | None:
+        """What buffered mode waits for before answering (see :meth:`RecorderProcess.handed`):
+        nothing here, the queue is this process's own memory."""
+        return None
+
     @property
     def acked_count(self) -> int:
         """How many records, in queue order, the broker acknowledged (a spill left included)."""

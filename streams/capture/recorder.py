@@ -8,8 +8,10 @@ as jobs (:mod:`.jobs`: the request's and answer's bytes, a few fields), any othe
 The child runs the :class:`~.publisher.Publisher` (memory bound, disk spill, reconnects, the
 aiokafka producer) and reports back how many records the broker acknowledged, in queue order,
 and its counts. The serving process keeps the positions (:meth:`RecorderProcess.acked`: acked
-mode answers once the child reported them), so every guarantee of the publisher holds as it
-did in one process; the pipe is one FIFO, so the order is kept.
+mode answers once the child reported them; :meth:`RecorderProcess.handed`: buffered mode answers
+once they are in the pipe, whose kernel buffer the child still reads after a SIGKILL of the
+serving process), so every guarantee of the publisher holds as it did in one process; the pipe
+is one FIFO, so the order is kept.
 
 The child ignores SIGINT and SIGTERM (a terminal's Ctrl-C or a service manager reaches the whole
 process group): it stops when the gateway tells it (publishing what is queued for up to
@@ -49,6 +51,11 @@ from ..settings import Settings
 from ..topics import Topics
 from .jobs import Job, job_size
 from .publisher import Publisher, PublisherStats, Record
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["RecorderProcess", "kafka_publisher"]
 
@@ -108,6 +115,20 @@ def create_topics(settings: Settings, topics: Topics) -> Callable[[], Awaitable[
     return prepare
 
 
+PIPE_BYTES = 1 << 20
+"""The pipe to the recorder is widened to this (Linux allows 1 MiB unprivileged): about a
+second of records at 1,000 requests/s that the recorder may be behind reading before buffered
+answers wait for it, all of it in the kernel, so it outlives a SIGKILL of the serving process."""
+
+
+def _widen_pipe(pipe: Any) -> None:
+    setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only (None without fcntl)
+    if pipe is None or setpipe is None:
+        return
+    with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size: the default stays
+        fcntl.fcntl(pipe.fileno(), setpipe, PIPE_BYTES)
+
+
 class _Spill:
     """What the gateway knows of the child's spill (for its metrics)."""
 
@@ -145,6 +166,12 @@ class RecorderProcess:
         self._hello: asyncio.Future[int] | None = None
         self._stopping = False
         self._stopped: asyncio.Future[None] | None = None
+        # positions written into the pipe's kernel buffer (which outlives this process: the
+        # child reads it after a SIGKILL of this one), and who waits for them (buffered mode)
+        self._handed = 0
+        self._written = 0
+        self._hand_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._draining: asyncio.Task[None] | None = None
 
     # -- the serving side: never waits ---------------------------------------------------------
 
@@ -195,9 +222,55 @@ class RecorderProcess:
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdin.is_closing():
             log.error("the recorder process is not running: %d records lost", len(items))
+            self._hand_over(self._position)  # nothing to wait for: answered as buffered is
             return
         data = pickle.dumps(items, _PROTOCOL)
         proc.stdin.write(_LEN.pack(len(data)) + data)
+        self._written = self._position
+        if not proc.stdin.transport.get_write_buffer_size():
+            self._hand_over(self._written)
+        elif self._draining is None:  # the pipe is full: the rest waits in this process
+            self._draining = asyncio.get_running_loop().create_task(self._drain(proc.stdin))
+
+    async def _drain(self, stdin: asyncio.StreamWriter) -> None:
+        try:
+            while stdin.transport.get_write_buffer_size():
+                before = self._written
+                # the write limits are 0: drain() returns once the buffer was empty, so what
+                # was written before it is in the pipe, and all is if it still is empty
+                await stdin.drain()
+                if stdin.transport.get_write_buffer_size():
+                    self._hand_over(before)
+                    await asyncio.sleep(0.001)  # written again meanwhile: the pipe is full
+                else:
+                    self._hand_over(self._written)
+        except (ConnectionError, RuntimeError):
+            pass  # the child is gone: _read releases the waiters
+        finally:
+            self._draining = None
+
+    def handed(self, position: int) -> asyncio.Future[None] | None:
+        """Buffered mode's wait before an answer: None when the records up to ``position`` are
+        in the pipe to the child already (the kernel's buffer: a SIGKILL of this process does
+        not lose them), else a future done once they are (the pipe was full: the child is
+        behind reading it), or once the child that should have had them died."""
+        if position <= self._handed:
+            return None
+        if self._outbox:  # write it now rather than at the next turn: nothing to wait for
+            self._flush_outbox()
+            if position <= self._handed:
+                return None
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._hand_waiters, (position, next(self._ids), future))
+        return future
+
+    def _hand_over(self, position: int) -> None:
+        self._handed = max(self._handed, position)
+        waiters = self._hand_waiters
+        while waiters and waiters[0][0] <= self._handed:
+            _, _, future = heapq.heappop(waiters)
+            if not future.done():
+                future.set_result(None)
 
     @property
     def position(self) -> int:
@@ -278,6 +351,9 @@ class RecorderProcess:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
         )  # fmt: skip
         assert self._proc.stdin is not None
+        # write limits of 0: drain() returns once everything written is in the pipe (handed)
+        self._proc.stdin.transport.set_write_buffer_limits(high=0)
+        _widen_pipe(self._proc.stdin.transport.get_extra_info("pipe"))
         # what is published from now on goes to this child; what went to a dead one is lost
         began_at = self._lost_upto = max(self._lost_upto, self._position)
         data = pickle.dumps((self.settings, process_framing() is not None), _PROTOCOL)
@@ -324,6 +400,7 @@ class RecorderProcess:
             self.pending,
         )
         self._lost_upto = self._position
+        self._hand_over(self._position)  # buffered: answered, their records died with it
         for _, _, future in self._waiters:  # their records died with it: answered 503
             if not future.done():
                 future.cancel()

@@ -177,6 +177,28 @@ def recorder_pid(gw: GatewayProcess) -> int:
     return children[0]
 
 
+async def recorder_stops(recorder: int, timeout: float) -> None:
+    """The recorder, its serving process killed, publishes what it holds and exits."""
+    await wait_for(
+        lambda: (
+            not Path(f"/proc/{recorder}").exists()
+            or "zombie" in Path(f"/proc/{recorder}/status").read_text()
+        ),
+        timeout=timeout,
+        what="the recorder to publish and stop by itself",
+    )
+
+
+async def answered_not_on_topic(bootstrap: str, prefix: str, answered: dict[str, str]) -> set[str]:
+    records = await read_topic(
+        bootstrap,
+        f"{prefix}.agent-events",
+        until=lambda got: set(answered) <= set(steps_by_call(got)),
+        timeout=30,
+    )
+    return set(answered) - set(steps_by_call(records))
+
+
 async def traffic_until_killed(
     gw: GatewayProcess, answered: dict[str, str], kill_after: int, kill: Any
 ) -> None:
@@ -213,22 +235,70 @@ async def test_buffered_the_serving_process_killed_alone_its_recorder_publishes_
         assert gw.proc is not None
         await traffic_until_killed(gw, answered, 60, lambda: os.kill(gw.proc.pid, signal.SIGKILL))
         gw.proc.wait(10)
-        await wait_for(
-            lambda: not Path(f"/proc/{recorder}").exists()
-            or "zombie" in Path(f"/proc/{recorder}/status").read_text(),
-            timeout=30,
-            what="the recorder to stop by itself",
-        )
-    records = await read_topic(
-        kafka_bootstrap,
-        f"{prefix}.agent-events",
-        until=lambda got: set(answered) <= set(steps_by_call(got)),
-        timeout=30,
-    )
-    steps = steps_by_call(records)
-    missing = set(answered) - set(steps)
+        await recorder_stops(recorder, timeout=30)
+    missing = await answered_not_on_topic(kafka_bootstrap, prefix, answered)
     assert not missing, f"answered but not on the topic: {sorted(missing)[:5]}"
     assert "the gateway closed the recorder's pipe" in (tmp_path / "gateway.log").read_text()
+
+
+async def test_buffered_answers_once_the_recorder_s_pipe_has_the_records(
+    kafka_bootstrap, prefix, standin, production, tmp_path
+):
+    """The recorder stopped (SIGSTOP), its pipe fills: buffered requests wait for room in it
+    instead of being answered with their records in the serving process's memory; the serving
+    process killed, the recorder continued, every answered step is on the topic."""
+    env = gateway_env(
+        kafka_bootstrap,
+        prefix,
+        tmp_path,
+        standin.url,
+        production.url,
+        TRAJSTREAM_GATEWAY__ACK_TIMEOUT_S="120",
+    )
+    answered: dict[str, str] = {}
+    async with gateway_process(env, tmp_path / "gateway.log") as gw:
+        recorder = recorder_pid(gw)
+        assert gw.proc is not None
+        os.kill(recorder, signal.SIGSTOP)
+        try:
+            stop = asyncio.Event()
+
+            async def agent(n: int) -> None:
+                async with httpx.AsyncClient(timeout=60) as http:
+                    i = 0
+                    while not stop.is_set():
+                        cid = f"pipe-{n}-{i}"
+                        i += 1
+                        try:
+                            r = await http.post(
+                                f"{gw.url}/calls/{cid}/v1/chat/completions",
+                                json={  # about 40 KB of request per job in the pipe
+                                    "model": "m",
+                                    "messages": [{"role": "user", "content": "q" * 40_000}],
+                                },
+                            )
+                            r.raise_for_status()
+                            answered[cid] = str(r.json()["id"])
+                        except httpx.HTTPError:
+                            return  # the process is gone: this one was not answered
+
+            agents = [asyncio.create_task(agent(n)) for n in range(4)]
+            # the pipe holds 1 MiB (recorder.PIPE_BYTES): the answers stop well before 200
+            # requests (they would not, were the records kept in the serving process's memory)
+            before = -1
+            while len(answered) != before and len(answered) < 200:
+                before = len(answered)
+                await asyncio.sleep(1.5)
+            assert 0 < len(answered) < 200, f"{len(answered)} answered with the recorder stopped"
+            os.kill(gw.proc.pid, signal.SIGKILL)  # the serving process alone
+            gw.proc.wait(10)
+            stop.set()
+            await asyncio.gather(*agents)
+        finally:
+            os.kill(recorder, signal.SIGCONT)
+        await recorder_stops(recorder, timeout=60)
+    missing = await answered_not_on_topic(kafka_bootstrap, prefix, answered)
+    assert not missing, f"answered but not on the topic: {len(missing)} of {len(answered)}"
 
 
 async def test_a_killed_recorder_process_is_started_again_and_recording_goes_on(

@@ -307,6 +307,8 @@ class ApiRoutes:
                     if not await self.gateway._durable(ack):
                         tail = api.stream_error(self._not_recorded())
                     await response.write(tail)
+                else:  # buffered: the stream closes once they are handed to the recorder
+                    await self.gateway._durable(ack)
                 await response.write_eof()
         return response
 

@@ -328,6 +328,7 @@ class Gateway(ChatRoutes):
                 "shadow_failures": self.stats.shadow_failures,
                 "durability": self.config.durability,
                 "ack_timeouts": self.stats.ack_timeouts,
+                "handover_timeouts": self.stats.handover_timeouts,
                 "publisher": self.publisher.health(),
             }
         )

@@ -75,6 +75,7 @@ class GatewayStats:
     unauthorized: int = 0
     rate_limited: int = 0
     ack_timeouts: int = 0
+    handover_timeouts: int = 0
 
 
 class Once:

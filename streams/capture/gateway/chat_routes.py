@@ -228,7 +228,9 @@ class ChatRoutes(GatewayState):
             )
             response.headers["Cache-Control"] = "no-cache"
             await response.prepare(request)
-            assembler = StreamAssembler(strip_usage=not asked, hold_done=self.acked)
+            # the terminal event is held until the records are handed over (buffered) or on
+            # the broker (acked)
+            assembler = StreamAssembler(strip_usage=not asked, hold_done=True)
             try:
                 chunks = upstream.content.iter_any().__aiter__()
                 while True:
@@ -265,21 +267,21 @@ class ChatRoutes(GatewayState):
                         latency_ms=latency,
                         one_step=path_call is None,
                     )
-            if self.acked:  # the end of the stream only once its records are on the broker
-                with contextlib.suppress(ConnectionResetError):
-                    if await self._durable(ack):
-                        await response.write(assembler.done_event)
-                    else:
-                        error = {
-                            "error": {
-                                "message": "the answer could not be recorded (gateway."
-                                "durability = acked; the broker did not acknowledge)",
-                                "type": "server_error",
-                                "param": None,
-                                "code": "recording_unavailable",
-                            }
+            # the stream's end only once its records are handed over (buffered) / acked
+            with contextlib.suppress(ConnectionResetError):
+                if await self._durable(ack):
+                    await response.write(assembler.done_event)
+                else:
+                    error = {
+                        "error": {
+                            "message": "the answer could not be recorded (gateway."
+                            "durability = acked; the broker did not acknowledge)",
+                            "type": "server_error",
+                            "param": None,
+                            "code": "recording_unavailable",
                         }
-                        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+                    }
+                    await response.write(f"data: {json.dumps(error)}\n\n".encode())
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
         return response

@@ -94,16 +94,27 @@ class GatewayState(Upstreams):
     async def _after(self, task: asyncio.Task[int]) -> None:
         await self._on_broker(await asyncio.shield(task))
 
-    def _on_broker(self, position: int) -> Awaitable[None]:
-        return self.publisher.acked(position)
+    def _on_broker(self, position: int) -> Awaitable[None] | None:
+        """What an answer waits for once its records up to ``position`` are queued: acked
+        mode, the broker's acknowledgement; buffered mode, their hand-over to the recorder
+        process's pipe (None: nothing to wait for)."""
+        if self.acked:
+            return self.publisher.acked(position)
+        return self.publisher.handed(position)
 
     async def _durable(self, ack: Awaitable[Any] | None) -> bool:
-        """acked mode: wait (up to ack_timeout_s) for the broker; False when it did not ack."""
-        if not self.acked or ack is None:
+        """acked mode: wait (up to ack_timeout_s) for the broker; False when it did not ack.
+        Buffered mode: wait for the hand-over to the recorder (none: the records were written
+        to its pipe when queued; a wait only while the recorder is behind reading the pipe,
+        answered anyway after ack_timeout_s); always True."""
+        if ack is None:
             return True
         try:
             await asyncio.wait_for(ack, self.config.ack_timeout_s)
         except TimeoutError:
+            if not self.acked:
+                self.stats.handover_timeouts += 1
+                return True
             self.stats.ack_timeouts += 1
             return False
         return True
