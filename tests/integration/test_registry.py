@@ -83,7 +83,10 @@ def generic_reader(url: str) -> Any:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-    return AvroDeserializer(SchemaRegistryClient({"url": url}))
+    # a request timeout as a deployment would set one: without it (the client's default) one
+    # request that the registry never answered hung a CI run for the test's whole budget; with
+    # it, the client retries it (max.retries) on a new connection
+    return AvroDeserializer(SchemaRegistryClient({"url": url, "timeout": 10}))
 
 
 @pytest.mark.timeout(240)
