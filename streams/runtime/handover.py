@@ -337,14 +337,9 @@ async def _perform_seek(self: Any) -> None:
 
 
 async def _first_offsets(consumer: Any, tps: list[Any]) -> dict[Any, int]:
-    """The first offset of each partition the group never committed: where its reading starts
-    (``auto.offset.reset`` is ``earliest``), so the run a commit needs starts there too.
-
-    Without it (Faust's rule) the run started at the lowest offset acknowledged: a record at
-    the head of a new partition that a hand-over lost (fetched before a rebalance, never handled)
-    was passed by the first commit of the records after it, and never handled again (seen on
-    ``<p>.rewarded``: one call never fed back). Unknown (the broker did not answer): nothing is
-    assumed, as before."""
+    """The first offset of each of ``tps`` (partitions the group never committed), keyed by
+    ``tps`` themselves: where reading starts, so where a commit's run starts (see the module's
+    docstring). None known when the broker does not answer: Faust's rule then, as before."""
     if not tps:
         return {}
     try:
@@ -352,7 +347,8 @@ async def _first_offsets(consumer: Any, tps: list[Any]) -> dict[Any, int]:
     except Exception as exc:  # the worker runs on without it, as Faust does
         consumer.log.warning("first offsets of never-committed partitions not read: %r", exc)
         return {}
-    return {tp: offset for tp, offset in first.items() if offset is not None and offset >= 0}
+    found = {tp: first.get(tp) for tp in tps}
+    return {tp: offset for tp, offset in found.items() if offset is not None and offset >= 0}
 
 
 def _seek_wrapper(original: Any) -> Any:
