@@ -18,6 +18,12 @@ those bytes and keys are is decided here, and only here:
 - **traces** (the ``traces`` store, :mod:`streams.core.spans`): the trace's head under
   ``trace_id``, each held record under ``trace_id + 0xFF + span_id`` (:func:`held_key`).
 
+A store that lives and dies with one process and that nothing reads as bytes (replay's
+:class:`~streams.core.store.MemoryStore`) keeps the state records themselves instead:
+:class:`ObjectState` is the same interface without the encoding (no re-encoding in replay; the
+keys are the same). A stage treats what it loads as its working copy and writes back every change,
+as it must with bytes, so both forms hold the same state.
+
 May import: fastavro, :mod:`streams.codec`, :mod:`streams.models`, :mod:`streams.errors`.
 """
 
@@ -38,6 +44,8 @@ from .models import AvroModel, OpenCallEvent, PendingEvents
 __all__ = [
     "SEPARATOR",
     "LegacyLayout",
+    "ObjectOpenCallLayout",
+    "ObjectState",
     "OpenCallLayout",
     "StateCodec",
     "entry_key",
@@ -69,14 +77,38 @@ def held_key(trace_key: bytes, span_id: str) -> bytes:
 class StateCodec:
     """Stored state records as bytes: the single-object encoding of the wire codec."""
 
+    reads_legacy = True
+    """Whether stores in this form may hold older versions' open calls (:class:`LegacyLayout`)."""
+
     def __init__(self, codec: SchemaRegistry) -> None:
         self.codec = codec
 
-    def dump(self, record: AvroModel) -> bytes:
+    def dump(self, record: AvroModel) -> Any:
         return self.codec.encode(record)
 
-    def load(self, raw: bytes, model: type[M]) -> M:
+    def load(self, raw: Any, model: type[M]) -> M:
         return self.codec.decode_as(raw, model)
+
+    def open_calls(self) -> OpenCallLayout:
+        """The layout of the open calls' entries in this form."""
+        return OpenCallLayout(self.codec)
+
+
+class ObjectState(StateCodec):
+    """State records kept as themselves, for a store nothing reads as bytes (see the module)."""
+
+    def dump(self, record: AvroModel) -> Any:
+        return record
+
+    def load(self, raw: Any, model: type[M]) -> M:
+        if not isinstance(raw, model):
+            raise DecodeError(f"expected a stored {model.__name__}, got {type(raw).__name__}")
+        return raw
+
+    reads_legacy = False
+
+    def open_calls(self) -> OpenCallLayout:
+        return ObjectOpenCallLayout(self.codec)
 
 
 class OpenCallLayout:
@@ -158,6 +190,24 @@ class OpenCallLayout:
         )
         assert isinstance(record, dict)
         return record
+
+
+class ObjectOpenCallLayout(OpenCallLayout):
+    """An open call's entry kept as the plain dict :class:`OpenCallLayout` would encode."""
+
+    def write(self, item: dict[str, Any]) -> Any:
+        return item
+
+    def light(self, raw: Any) -> dict[str, Any]:
+        return self._read(raw, None)
+
+    def full(self, raw: Any) -> dict[str, Any]:
+        return self._read(raw, None)
+
+    def _read(self, raw: Any, reader: Any) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise DecodeError("not a stored open call's event (OpenCallEvent)")
+        return raw
 
 
 class LegacyLayout:

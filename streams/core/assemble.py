@@ -84,14 +84,15 @@ class Assembler:
         pending: Store,
         closed: Store,
         codec: SchemaRegistry,
+        state: StateCodec | None = None,
     ) -> None:
         self.strategy = strategy
         self.limits = limits
         self.late_retention = late_retention
         self.closed = closed
         self.codec = codec
-        self.stored = StateCodec(codec)
-        self.open = OpenCalls(pending, codec)
+        self.stored = state or StateCodec(codec)
+        self.open = OpenCalls(pending, codec, state=self.stored)
         self._abandon: dict[int, Deadlines] = {}
         self._forget: dict[int, Deadlines] = {}
 
@@ -251,6 +252,13 @@ class Assembler:
             out.emit("trajectories", key, trajectory, partition=state.partition)
 
     # -- the clock -----------------------------------------------------------------------------
+
+    def wakes(self, partition: int, at: datetime) -> bool:
+        """Whether :meth:`on_tick` at ``at`` has anything to do on ``partition`` (replay, which
+        ticks at every record, asks first)."""
+        return self._index(self._abandon, partition).any_due(at) or self._index(
+            self._forget, partition
+        ).any_due(at)
 
     def on_tick(self, partition: int, at: datetime) -> Out:
         """Time passed on ``partition``: close calls open too long, forget old closed calls."""

@@ -245,6 +245,10 @@ class Deadlines:
     def discard(self, key: bytes) -> None:
         self._at.pop(key, None)
 
+    def any_due(self, now: datetime) -> bool:
+        """Whether :meth:`due` may hand out a key at ``now`` (cheap: the earliest deadline)."""
+        return bool(self._heap) and self._heap[0][0] <= now
+
     def due(self, now: datetime) -> list[bytes]:
         out = []
         while self._heap and self._heap[0][0] <= now:

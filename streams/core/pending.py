@@ -37,7 +37,14 @@ from typing import Any
 from ..codec import SchemaRegistry
 from ..errors import DecodeError
 from ..models import AgentCall, CallPhase, Completion, PendingCall
-from ..state_codec import SEPARATOR, LegacyLayout, OpenCallLayout, entry_key, is_head_key
+from ..state_codec import (
+    SEPARATOR,
+    LegacyLayout,
+    OpenCallLayout,
+    StateCodec,
+    entry_key,
+    is_head_key,
+)
 from .assembly import Progress, step_order
 from .store import Store
 
@@ -75,6 +82,7 @@ class OpenCalls:
         # this misses and decodes at close (what it did before the cache)
         cache_calls: int = 1024,
         cache_bytes: int = 512 << 10,
+        state: StateCodec | None = None,
     ) -> None:
         self.store = store
         self.codec = codec
@@ -84,8 +92,10 @@ class OpenCalls:
         # the keys of cached calls that hold their decoded events, least recently used first
         self._decoded: OrderedDict[bytes, None] = OrderedDict()
         self._cached_bytes = 0
-        self.layout = OpenCallLayout(codec)
-        self.legacy = _Legacy(codec)
+        state = state or StateCodec(codec)
+        self.layout = state.open_calls()
+        # the stored form of older versions, in a form that has one (bytes)
+        self.legacy = _Legacy(codec) if state.reads_legacy else None
 
     def reset(self) -> None:
         """Forget the cache: another worker may have changed the store meanwhile."""
@@ -106,7 +116,7 @@ class OpenCalls:
         raw = self.store.get(key)
         if raw is None:
             return None
-        if self.legacy.holds(raw):
+        if self.legacy is not None and self.legacy.holds(raw):
             raw = self._migrate(key, raw)
         head = self._light(raw)
         progress = Progress(head["call_id"], head["first_seen"], head["partition"])
@@ -121,7 +131,7 @@ class OpenCalls:
 
     def head(self, raw: bytes) -> tuple[str, int, datetime]:
         """(call_id, partition, first_seen) of a call's first entry, as stored."""
-        if self.legacy.holds(raw):
+        if self.legacy is not None and self.legacy.holds(raw):
             progress = self.legacy.progress(raw)
             return progress.call_id, progress.partition, progress.first_seen
         head = self._light(raw)
@@ -245,8 +255,9 @@ class OpenCalls:
     def _migrate(self, key: bytes, raw: bytes) -> bytes:
         """Rewrite a call stored as one PendingEvents value as one entry per event; returns
         its first entry."""
+        assert self.legacy is not None
         record = self.legacy.read(raw)
-        first = b""
+        first: Any = b""
         for index, item in enumerate(record["events"]):
             item = {**OpenCallLayout.defaults(), **item}
             if index == 0:

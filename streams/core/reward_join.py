@@ -118,6 +118,7 @@ class RewardJoin:
         judge: JudgeSpec | None = None,
         verdicts: Store | None = None,
         verdict_retention: timedelta = timedelta(hours=1),
+        state: StateCodec | None = None,
     ) -> None:
         from ..errors import ConfigError
 
@@ -130,7 +131,7 @@ class RewardJoin:
         self.rewarder = rewarder
         self.awaiting = awaiting
         self.codec = codec  # the dead letters' payloads, as on the wire
-        self.stored = StateCodec(codec)
+        self.stored = state or StateCodec(codec)
         self.feedback_grace = feedback_grace
         self.abandon_after = abandon_after
         self.score_incomplete = score_incomplete
@@ -286,6 +287,12 @@ class RewardJoin:
         if entry.trajectory is not None:
             return self.feedback_grace
         return self.abandon_after + self.feedback_grace
+
+    def wakes(self, partition: int, at: datetime) -> bool:
+        """Whether :meth:`on_tick` at ``at`` has anything to do on ``partition``."""
+        return self._index(partition).any_due(at) or (
+            self.verdicts is not None and self._kept_index(partition).any_due(at)
+        )
 
     def on_tick(self, partition: int, at: datetime) -> RewardOut:
         """Time passed on ``partition``: score trajectories whose grace period ended, forget

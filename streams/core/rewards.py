@@ -277,6 +277,8 @@ class Rewarder:
 
     def _steps(self, msg_ids: list[str], value: float, steps: dict[str, float]) -> dict[str, float]:
         """Every msg_id's reward when they are not all ``value`` (else empty, the common case)."""
+        if not steps and self.step_discount is None:
+            return {}  # the common case: every step gets the call's reward
         unknown = sorted(set(steps) - set(msg_ids))
         if unknown:
             raise RewardError(

@@ -146,8 +146,7 @@ async def read_range(
                 ]
                 for tp in sorted(tps, key=lambda tp: not tp.topic.endswith(".agent-events"))
             ]
-            for record in heapq.merge(*streams, key=lambda r: r.timestamp):
-                core.feed(record)
+            core.feed_all(heapq.merge(*streams, key=lambda r: r.timestamp))
             done += sum(ranges[tp][1] - ranges[tp][0] for tp in tps)
             bar.update(task, completed=done)
     return sum(core.stats[k] for k in ("records.event", "records.feedback"))

@@ -6,11 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.codec import SchemaRegistry
-from streams.state_codec import OpenCallLayout, entry_key, held_key, is_head_key
+from streams.errors import DecodeError
+from streams.models import AwaitingReward, ClosedCall
+from streams.state_codec import ObjectState, OpenCallLayout, entry_key, held_key, is_head_key
 
 LAYOUT = OpenCallLayout(SchemaRegistry.default())
 INT = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -49,3 +52,19 @@ def test_the_keys_of_a_call_and_a_trace() -> None:
     assert entry_key(b"c1", 0) == b"c1" and entry_key(b"c1", 12) == b"c1\xff12"
     assert is_head_key(b"c1") and not is_head_key(entry_key(b"c1", 1))
     assert held_key(b"t", "s1") == b"t\xffs1" and not is_head_key(held_key(b"t", "s1"))
+
+
+def test_object_state_keeps_the_record_itself_and_refuses_another_type() -> None:
+    # replay's stores hold the state records themselves: what is loaded is what was stored,
+    # and a stored record of another type is an error naming both
+    state = ObjectState(SchemaRegistry.default())
+    closed = ClosedCall(call_id="c1", closed_at=datetime(2026, 1, 1, tzinfo=UTC))
+    assert state.load(state.dump(closed), ClosedCall) is closed
+    with pytest.raises(DecodeError, match="expected a stored AwaitingReward, got ClosedCall"):
+        state.load(closed, AwaitingReward)
+    layout = state.open_calls()
+    item = {**OpenCallLayout.defaults(), "event_id": "e", "kind": 0, "seq": -1}
+    assert layout.full(layout.write(item)) is item
+    with pytest.raises(DecodeError, match="OpenCallEvent"):
+        layout.light(b"\xc3\x01 bytes")
+    assert not state.reads_legacy

@@ -24,6 +24,7 @@ from streams.core.store import MemoryStore
 from streams.envelope import Edge
 from streams.errors import TrinityRejected, TrinityUnavailable
 from streams.models import AvroModel, Tick, Trajectory
+from streams.state_codec import ObjectState
 
 CODEC = SchemaRegistry.default()
 EDGE = Edge(CODEC)
@@ -42,10 +43,13 @@ class Core:
     score_incomplete: bool = False
     judge: JudgeSpec | None = None
     verdict_retention: timedelta = timedelta(hours=1)
+    objects: bool = False
+    """Keep the stages' state as objects (replay's :class:`ObjectState`), not as bytes."""
 
     def __post_init__(self) -> None:
         self.pending, self.closed, self.awaiting = MemoryStore(), MemoryStore(), MemoryStore()
         self.verdicts = MemoryStore()
+        state = ObjectState(CODEC) if self.objects else None
         self.assembler = Assembler(
             self.strategy,
             limits=self.limits,
@@ -53,6 +57,7 @@ class Core:
             pending=self.pending,
             closed=self.closed,
             codec=CODEC,
+            state=state,
         )
         self.join = RewardJoin(
             self.rewarder,
@@ -64,6 +69,7 @@ class Core:
             judge=self.judge,
             verdicts=self.verdicts if self.judge is not None else None,
             verdict_retention=self.verdict_retention,
+            state=state,
         )
         self.out = Out()
         self.scored: list[Scored] = []  # every scoring of the reward stage, in order

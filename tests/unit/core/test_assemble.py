@@ -121,3 +121,45 @@ def test_only_the_ticks_topic_moves_the_clock() -> None:
     src = core.source("ticks", tick_record(at(61)))
     core.assembler.on_record(src, at(2))
     assert core.pending.get(b"call-1") is None  # closed as abandoned by the real clock
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_stage_that_does_not_wake_has_nothing_to_do_on_a_tick(seed: int) -> None:
+    # replay ticks at every record and asks wakes() first: whenever a stage says it would not
+    # wake, its tick must decide nothing (calls abandoned, late ones forgotten, grace periods
+    # ended, feedback that waited too long all happen only on ticks that wake)
+    import random
+
+    from streams.core.rewards import build_rewarder
+
+    rng = random.Random(seed)
+    core = Core(
+        rewarder=build_rewarder("streams.rewards:user_rating"),
+        feedback_grace=timedelta(seconds=5),
+        late_retention=timedelta(seconds=30),
+    )
+    woke = {"assemble": 0, "reward": 0}
+    for i in range(400):
+        now = at(i * 0.5)
+        for name, stage in (("assemble", core.assembler), ("reward", core.join)):
+            wakes = stage.wakes(0, now)
+            stores = [dict(s.data) for s in (core.pending, core.closed, core.awaiting)]
+            out = stage.on_tick(0, now)
+            decided = out.emits or out.rejects or +out.stats or getattr(out, "scored", None)
+            changed = stores != [s.data for s in (core.pending, core.closed, core.awaiting)]
+            assert wakes or not (decided or changed), (name, i, out)
+            woke[name] += bool(decided or changed)
+            core._record(out)
+        cid = f"call-{rng.randint(0, 60)}"
+        match rng.randint(0, 5):
+            case 0:
+                core.event(start(cid), now)
+            case 1 | 2:
+                core.event(step(cid, seq=rng.randint(0, 2)), now)
+            case 3:
+                core.event(end(cid, step_count=rng.randint(0, 3)), now)
+            case 4:
+                core.feedback(feedback(cid, event_id=f"{cid}/fb{i}", event_time=now), now)
+            case _:
+                pass  # time passes
+    assert woke["assemble"] and woke["reward"]  # ticks that decided something were checked

@@ -55,12 +55,16 @@ def calls(rng: random.Random, n: int) -> list[AgentCall | Completion]:
     return events
 
 
-def run(events: list[Any], *, restart_every: int | None = None, **cache: int) -> Core:
-    core = Core()
+def run(
+    events: list[Any], *, restart_every: int | None = None, objects: bool = False, **cache: int
+) -> Core:
+    core = Core(objects=objects)
     core.pending = CountingStore()
     core.assembler.pending = core.pending
     if cache:
-        core.assembler.open = OpenCalls(core.pending, CODEC, **cache)
+        core.assembler.open = OpenCalls(
+            core.pending, CODEC, state=core.assembler.stored, **cache
+        )
     for i, event in enumerate(events):
         if restart_every and i % restart_every == 0:
             core.assembler.reset()  # what a restart or a rebalance leaves: the stores only
@@ -92,6 +96,25 @@ def test_the_cache_changes_nothing_decided(seed: int, restart_every: int | None,
     expected = outcome(run(events))
     assert len(expected[0]) == 40
     assert outcome(run(events, restart_every=restart_every, **cache)) == expected
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize(
+    ("restart_every", "cache"),
+    [(None, {}), (3, {}), (None, {"cache_bytes": 1})],
+    ids=["cached", "restart-every-3", "cache-of-one-byte"],
+)
+def test_state_kept_as_objects_decides_what_bytes_decide(
+    seed: int, restart_every: int | None, cache: Any
+) -> None:
+    # replay keeps its stores' state as objects (ObjectState): the stage reads its entries back
+    # from the store after a reset or an eviction as it reads bytes
+    events = calls(random.Random(seed), 40)
+    expected = outcome(run(events))
+    got = run(events, restart_every=restart_every, objects=True, **cache)
+    assert outcome(got) == expected
+    assert all(isinstance(v, dict) for v in got.pending.data.values())
+    assert all(not isinstance(v, bytes) for v in got.closed.data.values())
 
 
 def test_each_event_is_one_write_of_about_its_size_and_closing_deletes_every_entry() -> None:

@@ -810,3 +810,20 @@ def test_replay_reuses_the_last_stored_verdict_of_a_call_and_asks_for_the_others
     assert error == "judge verdict without a score: garbage answer: empty"
     assert [(r.stage, r.key) for r in core.rejects] == [("judge", b"c3")]
     assert core.stats["judge.verdicts_stored"] == 2
+
+
+def test_feeding_collects_garbage_less_often_and_restores_the_collector_after() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    during: list[tuple[int, int, int]] = []
+
+    def records() -> Iterable[SourceRecord]:
+        during.append(gc.get_threshold())
+        yield from ()
+        raise RuntimeError("the range could not be read")
+
+    with pytest.raises(RuntimeError, match="could not be read"):
+        core().feed_all(records())
+    assert during[0][0] > before[0]  # young collections less often while feeding
+    assert gc.get_threshold() == before  # as it was, also when feeding failed
