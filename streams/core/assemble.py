@@ -221,7 +221,8 @@ class Assembler:
         now: datetime,
         out: Out,
     ) -> None:
-        selection, trajectory = close(state, self.strategy, reason)
+        view = view_of(state)
+        selection, trajectory = close(state, self.strategy, reason, view)
         if call is not None:
             self.open.delete(key, call)
         self._index(self._abandon, state.partition).discard(key)
@@ -235,7 +236,6 @@ class Assembler:
         )
         self._index(self._forget, state.partition).set(key, now + self.late_retention)
         out.stats[f"calls.{'selected' if selection.selected else 'rejected'}"] += 1
-        view = view_of(state)
         decision = SelectionDecision(
             call_id=state.call_id,
             agent_name=view.agent_name,

@@ -279,7 +279,7 @@ def view_of(state: PendingCall) -> CallView:
 
 
 def close(
-    state: PendingCall, strategy: Strategy, reason: str
+    state: PendingCall, strategy: Strategy, reason: str, view: CallView | None = None
 ) -> tuple[Selection, Trajectory | None]:
     """Decide selection for a closing call and build its trajectory when selected, or when a
     gateway routed it to production (scored for the comparison, not trained on:
@@ -290,9 +290,10 @@ def close(
 
     A call closed without its END (abandoned, or oversized before its end) is decided like any
     other and, when selected, keeps what it had; its ``closed_reason`` says why it closed, and
-    the reward stage does not score it unless told to.
+    the reward stage does not score it unless told to. ``view``: :func:`view_of` the state, if
+    the caller has it already.
     """
-    view = view_of(state)
+    view = view or view_of(state)
     # a routed call keeps the gateway's decision; any other is decided now. A routed call
     # that is not selected (production answered it) is still scored, for the comparison
     selection = routed_selection(state.start) or strategy.decide(view)

@@ -282,8 +282,10 @@ def _item(event: Event, data: bytes) -> dict[str, Any]:
     else:
         kind, seq = _END, -1
         steps = -1 if event.step_count is None else event.step_count
-    return {
-        **OpenCallLayout.defaults(),
+    return {  # OpenCallLayout.defaults() written out: one dict per event
+        "call_id": "",
+        "partition": -1,
+        "first_seen": None,
         "event_id": event.event_id,
         "kind": kind,
         "seq": seq,

@@ -171,6 +171,13 @@ class RewardJoin:
     ) -> None:
         key = check_key(env, record.call_id)
         raw = self.awaiting.get(key)
+        if not raw and isinstance(record, Trajectory) and not self.rewarder.needs_verdict:
+            if not self.score_incomplete and record.closed_reason != "ended":
+                out.stats["trajectories.incomplete"] += 1
+                return
+            if self._ready(record):  # the common case: nothing to wait for, scored at once
+                self._score(key, record, env.source, out)
+                return
         if raw:
             entry = self.stored.load(raw, AwaitingReward)
         else:
@@ -202,17 +209,22 @@ class RewardJoin:
                     feedback = [*trajectory.feedback, *extra]
                     trajectory = trajectory.model_copy(update={"feedback": feedback})
                     entry.trajectory = trajectory
-                entry.ready = not (
-                    self.rewarder.wants_feedback
-                    and not trajectory.feedback
-                    and self.feedback_grace > timedelta(0)
-                )
+                entry.ready = self._ready(trajectory)
             if self._scored(key, entry, env.source, now, out):
                 return
         if not entry.ready and (not raw or arrived):
             # new entry, or its deadline changes
             self._index(env.partition).set(key, entry.since + self._wait_limit(entry))
         self.awaiting.set(key, self.stored.dump(entry))
+
+    def _ready(self, trajectory: Trajectory) -> bool:
+        """Whether the feedback ``trajectory`` has attached is final: its reward wants none, it
+        has some, or there is no grace period to wait for more."""
+        return not (
+            self.rewarder.wants_feedback
+            and not trajectory.feedback
+            and self.feedback_grace > timedelta(0)
+        )
 
     def _scored(
         self, key: bytes, entry: AwaitingReward, src: Source | None, now: datetime, out: RewardOut
