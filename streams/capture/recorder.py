@@ -2,7 +2,7 @@
 serving loop.
 
 ``gateway.recorder = "process"`` (the default of ``trajstream gateway``): the serving process
-hands what it records to a child process (``python -m streams.capture.recorder``) through a pipe,
+hands what it records to a child process (:mod:`.recorder_child`) through a pipe,
 as plain data, batched once per turn of its event loop: a chat request's START and answered step
 as jobs (:mod:`.jobs`: the request's and answer's bytes, a few fields), any other record encoded.
 The child runs the :class:`~.publisher.Publisher` (memory bound, disk spill, reconnects, the
@@ -25,7 +25,8 @@ Wire: frames of ``<u32 length><pickle>`` both ways. Gateway to child: a list of 
 ``("hello", position)``, ``("acked", count, counts)``, ``("sync", n, counts)``,
 ``("stopped", counts)``.
 
-May import: the codec, the settings, :mod:`.publisher`, :mod:`.jobs`, :mod:`streams.io`.
+May import: the codec, the settings, :mod:`.publisher`, :mod:`.jobs`, :mod:`.recorder_child`,
+:mod:`streams.io`.
 """
 
 from __future__ import annotations
@@ -37,11 +38,9 @@ import itertools
 import logging
 import os
 import pickle
-import signal
-import struct
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,69 +49,20 @@ from ..models import UserFeedback
 from ..settings import Settings
 from ..topics import Topics
 from .jobs import Job, job_size
-from .publisher import Publisher, PublisherStats, Record
+from .publisher import PublisherStats, Record
+from .recorder_child import FRAME, PROTOCOL, create_topics, kafka_publisher
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["RecorderProcess", "kafka_publisher"]
+__all__ = ["RecorderProcess", "create_topics", "kafka_publisher"]
 
 log = logging.getLogger(__name__)
 
-_LEN = struct.Struct(">I")
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
 _REPO = str(Path(__file__).resolve().parents[2])
 """on the child's PYTHONPATH: the same code as the gateway's"""
-STATS_EVERY_S = 0.5
-"""The child reports its counts at least this often while they change."""
-
-
-def kafka_publisher(settings: Settings) -> Publisher:
-    """The publisher of ``settings``: its producer, topics (created at the first connection),
-    spill directory and bound."""
-    from ..io import kafka
-
-    bootstrap = settings.bootstrap_servers
-    if not bootstrap:
-        from ..errors import ConfigError
-
-        raise ConfigError(
-            "kafka.bootstrap_servers [TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS] is not set"
-        )
-    topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
-
-    def producer_factory() -> Any:
-        return kafka.producer(
-            bootstrap,
-            settings.kafka.security,
-            request_timeout_ms=int(settings.gateway.flush_timeout_s * 1000),
-        )
-
-    return Publisher(
-        producer_factory,
-        topics,
-        spill_dir=Path(settings.gateway.spill_dir),
-        max_buffered=settings.gateway.buffer_records,
-        prepare=create_topics(settings, topics),
-    )
-
-
-def create_topics(settings: Settings, topics: Topics) -> Callable[[], Awaitable[object]]:
-    async def prepare() -> None:
-        from ..io import kafka
-
-        await kafka.create_topics(
-            settings.bootstrap_servers or "",
-            topics.all(),
-            settings.kafka.replication_factor,
-            security=settings.kafka.security,
-            configs=topics.configs(),
-            min_insync_replicas=settings.kafka.min_insync,
-        )
-
-    return prepare
 
 
 PIPE_BYTES = 1 << 20
@@ -224,8 +174,8 @@ class RecorderProcess:
             log.error("the recorder process is not running: %d records lost", len(items))
             self._hand_over(self._position)  # nothing to wait for: answered as buffered is
             return
-        data = pickle.dumps(items, _PROTOCOL)
-        proc.stdin.write(_LEN.pack(len(data)) + data)
+        data = pickle.dumps(items, PROTOCOL)
+        proc.stdin.write(FRAME.pack(len(data)) + data)
         self._written = self._position
         if not proc.stdin.transport.get_write_buffer_size():
             self._hand_over(self._written)
@@ -347,7 +297,7 @@ class RecorderProcess:
             p for p in (_REPO, env.get("PYTHONPATH")) if p
         )
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "streams.capture.recorder",
+            sys.executable, "-m", "streams.capture.recorder_child",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
         )  # fmt: skip
         assert self._proc.stdin is not None
@@ -356,8 +306,8 @@ class RecorderProcess:
         _widen_pipe(self._proc.stdin.transport.get_extra_info("pipe"))
         # what is published from now on goes to this child; what went to a dead one is lost
         began_at = self._lost_upto = max(self._lost_upto, self._position)
-        data = pickle.dumps((self.settings, process_framing() is not None), _PROTOCOL)
-        self._proc.stdin.write(_LEN.pack(len(data)) + data)
+        data = pickle.dumps((self.settings, process_framing() is not None), PROTOCOL)
+        self._proc.stdin.write(FRAME.pack(len(data)) + data)
         loop = asyncio.get_running_loop()
         self._hello = loop.create_future()
         self._reader = asyncio.create_task(self._read(self._proc), name="trajstream-recorder")
@@ -371,8 +321,8 @@ class RecorderProcess:
         assert proc.stdout is not None
         try:
             while True:
-                head = await proc.stdout.readexactly(_LEN.size)
-                (size,) = _LEN.unpack(head)
+                head = await proc.stdout.readexactly(FRAME.size)
+                (size,) = FRAME.unpack(head)
                 message = pickle.loads(await proc.stdout.readexactly(size))
                 kind = message[0]
                 if kind == "acked":
@@ -438,116 +388,12 @@ class RecorderProcess:
                 await asyncio.wait_for(self._reader, 5)
 
 
-# -- the child ---------------------------------------------------------------------------------
-
-
-class _Child:
-    def __init__(self, publisher: Publisher, out: Any) -> None:
-        self.publisher = publisher
-        self.out = out
-        self._report_scheduled = False
-        self._last_report = 0.0
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        if self.out.is_closing():  # the gateway is gone: nobody to tell
-            return
-        data = pickle.dumps(message, _PROTOCOL)
-        with contextlib.suppress(RuntimeError, ConnectionError):
-            self.out.write(_LEN.pack(len(data)) + data)
-
-    def counts(self) -> dict[str, Any]:
-        return self.publisher.health()
-
-    def on_advance(self) -> None:
-        if not self._report_scheduled:
-            self._report_scheduled = True
-            asyncio.get_running_loop().call_soon(self._report)
-
-    def _report(self) -> None:
-        self._report_scheduled = False
-        self._last_report = time.monotonic()
-        self.send(("acked", self.publisher.acked_count, self.counts()))
-
-    async def report_now_and_then(self) -> None:
-        last: Any = None
-        while True:
-            await asyncio.sleep(STATS_EVERY_S)
-            counts = self.counts()
-            counts.pop("unreachable_s", None)
-            if counts != last or self.publisher.unreachable_since is not None:
-                last = counts
-                self._report()
-
-
-async def _child_main() -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 30)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
-    transport, protocol = await loop.connect_write_pipe(
-        asyncio.streams.FlowControlMixin, sys.stdout.buffer
-    )
-    out = asyncio.StreamWriter(transport, protocol, None, loop)
-    (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
-    settings, framing = pickle.loads(await reader.readexactly(size))
-    if framing:  # a schema registry: the same wire format as the gateway's own producer
-        from ..cli_support import subjects
-
-        topics = Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
-        subjects(settings, [topics.agent_events, topics.user_feedback])
-    publisher = kafka_publisher(settings)
-    child = _Child(publisher, out)
-    publisher.on_advance = child.on_advance
-    child.send(("hello", publisher.position))
-    await publisher.start()
-    reporter = asyncio.create_task(child.report_now_and_then())
-    timeout = settings.gateway.flush_timeout_s
-    try:
-        while True:
-            try:
-                head = await reader.readexactly(_LEN.size)
-                (size,) = _LEN.unpack(head)
-                items = pickle.loads(await reader.readexactly(size))
-            except asyncio.IncompleteReadError:  # the gateway is gone: publish, spill, stop
-                log.warning("the gateway closed the recorder's pipe: stopping")
-                break
-            stop = None
-            for item in items:
-                kind = item[0]
-                if kind == "j":
-                    publisher.publish_job(item[1], item[2])
-                elif kind == "r":
-                    publisher.publish_encoded(item[1], item[2], item[3])
-                elif kind == "sync":
-                    child.send(("sync", item[1], child.counts()))
-                elif kind == "stop":
-                    stop = item[1]
-            if stop is not None:
-                timeout = stop
-                break
-    finally:
-        reporter.cancel()
-        await publisher.stop(timeout)
-        child.send(("stopped", child.counts()))
-        with contextlib.suppress(Exception):
-            await out.drain()
-            out.close()
-
-
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gateway says when to stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    try:
-        import uvloop
+    """The recorder process (kept here for a gateway started before the split): see
+    :mod:`.recorder_child`."""
+    from .recorder_child import main as child_main
 
-        loop_factory: Any = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        loop_factory = asyncio.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(_child_main())
+    child_main()
 
 
 if __name__ == "__main__":
