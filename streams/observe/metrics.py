@@ -84,6 +84,8 @@ METRICS: dict[str, str] = {
     "promote, rollback, drift, set, resume)",
     "trajstream_assigned_partitions": "input topic partitions assigned to this worker",
     "trajstream_ready": "1 when partitions are assigned and the tables are recovered",
+    "trajstream_recovery_stalled_seconds": "while the tables of an assignment recover: seconds "
+    "since their recovery last read a record (0 otherwise)",
 }
 """Every metric name with what it counts (the README's table is this)."""
 
@@ -112,6 +114,9 @@ class Metrics:
         self._last_commit: float | None = None
         self._assigned: frozenset[tuple[str, int]] = frozenset()
         self._recovered = False
+        self._recovery_position: Callable[[], int] | None = None
+        self._recovery_stall_s = math.inf
+        self._recovery_at: tuple[int, float] | None = None  # (position, when it last moved)
         r = self.registry
 
         def doc(name: str) -> str:
@@ -323,6 +328,7 @@ class Metrics:
     def partitions_revoked(self) -> None:
         """A rebalance began: not ready until the next assignment has recovered its tables."""
         self._recovered = False
+        self._recovery_at = None
         self._ready_g.set(0)
 
     def partitions_assigned(self, assigned: Iterable[Any]) -> None:
@@ -334,6 +340,7 @@ class Metrics:
             if not self.inputs or topic in self.inputs:
                 pairs.add((str(topic), int(partition)))
         self._assigned = frozenset(pairs)
+        self._recovery_at = None
         self._assigned_g.set(len(pairs))
         self._ready_g.set(1 if self.ready else 0)
 
@@ -345,6 +352,34 @@ class Metrics:
     @property
     def ready(self) -> bool:
         return self._recovered and bool(self._assigned)
+
+    def watch_recovery(self, position: Callable[[], int], stall_s: float) -> None:
+        """Read the tables' recovery position (any number that changes as the recovery reads,
+        e.g. the sum of its changelog offsets) whenever health is asked; a recovery that has
+        not moved for ``stall_s`` seconds is stalled (:meth:`recovery_stalled`)."""
+        self._recovery_position = position
+        self._recovery_stall_s = stall_s
+
+    def recovery_stuck_for(self) -> float:
+        """Seconds since the recovery of the current assignment last moved (sampled now); 0
+        when no recovery runs (nothing assigned, or the tables recovered) or none is watched."""
+        if self._recovery_position is None or not self._assigned or self._recovered:
+            self._recovery_at = None
+            return 0.0
+        try:
+            position = self._recovery_position()
+        except Exception:  # mid-rebalance: the position cannot be read; it counts as moving
+            self._recovery_at = None
+            return 0.0
+        now = self._clock()
+        if self._recovery_at is None or self._recovery_at[0] != position:
+            self._recovery_at = (position, now)
+        return max(0.0, now - self._recovery_at[1])
+
+    def recovery_stalled(self) -> float | None:
+        """How long the recovery has not moved, once that is ``stall_s`` or more (else None)."""
+        stuck = self.recovery_stuck_for()
+        return stuck if stuck >= self._recovery_stall_s else None
 
     @property
     def assigned(self) -> frozenset[tuple[str, int]]:
@@ -366,7 +401,8 @@ class Metrics:
 
 
 class _Derived(Collector):
-    """Values computed at scrape time: open calls and the age of the last commit."""
+    """Values computed at scrape time: open calls, how long a recovery has not moved, and the
+    age of the last commit."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
@@ -382,6 +418,13 @@ class _Derived(Collector):
                 family.add_metric([], float(m._open_calls()))
             except Exception:  # a table in the middle of a rebalance: no sample this time
                 family.add_metric([], math.nan)
+            yield family
+        if m._recovery_position is not None:
+            family = GaugeMetricFamily(
+                "trajstream_recovery_stalled_seconds",
+                METRICS["trajstream_recovery_stalled_seconds"],
+            )
+            family.add_metric([], m.recovery_stuck_for())
             yield family
         if m._last_commit is not None:
             family = GaugeMetricFamily(

@@ -1,7 +1,9 @@
 """The worker's small HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
 
 ``GET /metrics``  the worker's registry in the Prometheus text format
-``GET /healthz``  200 while the process answers (alive)
+``GET /healthz``  200 while the process answers (alive); 503 when the recovery of its tables
+                  has read nothing for ``observe.recovery_stall_s`` (stalled: a liveness probe
+                  restarts it)
 ``GET /readyz``   200 once partitions are assigned and the tables recovered, else 503
 
 The port is bound synchronously by :meth:`ObserveServer.bind` before the worker connects to
@@ -114,6 +116,13 @@ class ObserveServer:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        stalled = self.metrics.recovery_stalled()
+        if stalled is not None:
+            reason = (
+                f"the tables' recovery has read nothing for {stalled:.0f} s "
+                "(observe.recovery_stall_s): restarting the worker lets another start it again"
+            )
+            return web.json_response({"status": "stalled", "reason": reason}, status=503)
         return web.json_response({"status": "alive"})
 
     async def _readyz(self, request: web.Request) -> web.Response:

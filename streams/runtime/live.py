@@ -84,7 +84,14 @@ from .live_ports import ObservedTrinity, Ports
 from .producing import install_idempotence, raw_schema
 from .stores import TableStore
 
-__all__ = ["ObservedTrinity", "Pipeline", "TableStore", "raw_input", "source_of"]
+__all__ = [
+    "ObservedTrinity",
+    "Pipeline",
+    "TableStore",
+    "raw_input",
+    "recovery_position",
+    "source_of",
+]
 
 log = logging.getLogger("trajstream")
 
@@ -171,6 +178,7 @@ class Pipeline(Ports):
             ),
         )
         o = settings.observe
+        self.metrics.watch_recovery(lambda: recovery_position(self.app), o.recovery_stall_s)
         pages = StatusPages(settings, bootstrap).routes if o.status_page else None
         self.server = ObserveServer(self.metrics, o.host, o.port, routes=pages) if o.port else None
         if self.server is not None:
@@ -393,6 +401,14 @@ class Pipeline(Ports):
         out[f"{self.app.conf.id}-__assignor-__leader"] = (1, {})
         return out
 
+
+
+def recovery_position(app: faust.App) -> int:
+    """How far the tables' recovery has read: the sum of its changelog offsets, active and
+    standby (it changes whenever the recovery reads a record)."""
+    recovery = app.tables.recovery
+    offsets = (*recovery.active_offsets.values(), *recovery.standby_offsets.values())
+    return sum(max(0, offset) for offset in offsets)
 
 
 def _consumer_lag(consumer: Any) -> dict[tuple[str, int], int]:

@@ -69,6 +69,11 @@ class ObserveSettings(Section):
     lag_interval_s: PositiveFloat = Field(
         default=10.0, description="how often the worker samples its consumer lag"
     )
+    recovery_stall_s: PositiveFloat = Field(
+        default=300.0,
+        description="a worker whose tables' recovery (after an assignment) has read nothing for "
+        "this long answers 503 on /healthz, so that a liveness probe restarts it",
+    )
     status_page: bool = Field(
         default=False,
         description="also serve the status page (/, /calls/..., /status.json) on that port",

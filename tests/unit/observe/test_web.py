@@ -68,3 +68,62 @@ def test_observe_settings(monkeypatch):
     monkeypatch.setenv("TRAJSTREAM_OBSERVE__PORT", "70000")
     with pytest.raises(ConfigError, match=r"observe\.port \[TRAJSTREAM_OBSERVE__PORT\]"):
         load_settings()
+
+
+async def test_a_recovery_that_reads_nothing_for_the_limit_makes_the_worker_unhealthy():
+    # the liveness probe's question: is a recovery running and stuck? (a stuck one is left to
+    # a restart; a slow one that keeps reading is not)
+    now = [1000.0]
+    position = [0]
+    metrics = Metrics(inputs=["p.agent-events"], clock=lambda: now[0])
+    metrics.watch_recovery(lambda: position[0], stall_s=300)
+    server = ObserveServer(metrics, "127.0.0.1", 0)
+    url = await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+
+            async def health() -> httpx.Response:
+                return await client.get("/healthz")
+
+            now[0] += 1000  # nothing assigned yet (e.g. Kafka down): no recovery, alive
+            assert (await health()).status_code == 200
+            metrics.partitions_assigned([TP("p.agent-events", 0)])
+            assert (await health()).status_code == 200  # the recovery's first sample
+            now[0] += 299
+            assert (await health()).status_code == 200
+            position[0] = 7  # it read something: the limit counts from now
+            now[0] += 1
+            assert (await health()).status_code == 200
+            now[0] += 299
+            assert (await health()).status_code == 200
+            scraped = (await client.get("/metrics")).text
+            assert "trajstream_recovery_stalled_seconds 299.0" in scraped
+            now[0] += 1
+            stalled = await health()
+            assert stalled.status_code == 503
+            assert stalled.json()["status"] == "stalled"
+            assert "for 300 s (observe.recovery_stall_s)" in stalled.json()["reason"]
+            metrics.partitions_revoked()  # a rebalance: the next assignment starts afresh
+            metrics.partitions_assigned([TP("p.agent-events", 1)])
+            assert (await health()).status_code == 200
+            now[0] += 400
+            assert (await health()).status_code == 503
+            metrics.tables_recovered()
+            assert (await health()).status_code == 200
+            assert "trajstream_recovery_stalled_seconds 0.0" in (await client.get("/metrics")).text
+    finally:
+        await server.stop()
+
+
+def test_the_recovery_position_is_read_from_fausts_recovery():
+    import faust
+
+    from streams.runtime.live import recovery_position
+
+    app = faust.App("t-position", broker="kafka://127.0.0.1:1")
+    recovery = app.tables.recovery
+    assert recovery_position(app) == 0
+    recovery.active_offsets[TP("c", 0)] = 41
+    recovery.active_offsets[TP("c", 1)] = -1  # nothing read yet
+    recovery.standby_offsets[TP("c", 2)] = 9
+    assert recovery_position(app) == 50
