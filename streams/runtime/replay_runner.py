@@ -185,11 +185,14 @@ class ReplayRunner:
             self._remember_feedback(env.record)
 
     def feed_all(self, records: Iterable[SourceRecord]) -> None:
-        """:meth:`feed` each record, with the garbage collector run less often meanwhile."""
+        """:meth:`feed` each record, with Python's cyclic garbage collector told what a feed
+        keeps (:func:`_collector_for_feeding`)."""
         feed = self.feed
-        with _fewer_collections():
-            for record in records:
+        with _collector_for_feeding() as kept:
+            for n, record in enumerate(records, 1):
                 feed(record)
+                if not n % FREEZE_EVERY:
+                    kept()
 
     def load_verdicts(self, records: Iterable[tuple[int, bytes | None, bytes]]) -> None:
         """The records of ``<p>.verdicts`` (partition, key, value) in offset order, before the
@@ -389,19 +392,36 @@ ReplayCore = ReplayRunner
 """The name replay's runner had before the core was shared with the live worker."""
 
 
-@contextmanager
-def _fewer_collections() -> Iterator[None]:
-    """Python's cyclic garbage collector less often while records are fed, as before after.
+FREEZE_EVERY = 1000
+"""Records fed between two :func:`gc.freeze` calls (each O(1)) while feeding."""
 
-    Feeding allocates many short-lived objects and keeps every outcome: at the default thresholds
-    (700, 10, 10) the collections took about 15 % of replay's CPU (``bench/replay.py``, timed with
-    ``gc.callbacks``: two full collections alone 128 ms of 850 ms), most of it traversing
-    objects that are still alive. With 10,000 allocations between young collections, most of the
-    young objects are freed by their reference counts before one runs, and the middle
-    generation is collected a tenth as often; the stages make little cyclic garbage."""
+
+@contextmanager
+def _collector_for_feeding() -> Iterator[Callable[[], None]]:
+    """Python's cyclic garbage collector while records are fed, as it was after.
+
+    A feed allocates many short-lived objects and keeps what it decided (every outcome, its
+    trajectory and events) to the end. At the default thresholds (700, 10, 10) the collections
+    took about 15 % of ``bench/replay.py``'s CPU, and on 50,000 records one collection of the
+    middle generation alone took 346 ms of 3.8 s (timed with ``gc.callbacks``): traversing
+    objects that are all still alive. So, meanwhile: young collections every 10,000 allocations
+    (most young objects are freed by their reference counts before one runs), and every
+    :data:`FREEZE_EVERY` records what survived is moved to the permanent generation
+    (:func:`gc.freeze`), which no collection traverses; reference counting still frees any of it
+    that is dropped. Only cyclic garbage made during the feed waits for its end (the stages make
+    little: no object they keep refers back to its owner), when the frozen objects return to the
+    oldest generation (:func:`gc.unfreeze`). A process that froze objects itself (a forking
+    server) is left as it is: thresholds only."""
     old = gc.get_threshold()
+    ours = gc.get_freeze_count() == 0
     gc.set_threshold(10_000, 100, old[2])
     try:
-        yield
+        yield gc.freeze if ours else _nothing
     finally:
+        if ours:
+            gc.unfreeze()
         gc.set_threshold(*old)
+
+
+def _nothing() -> None:
+    pass

@@ -52,6 +52,7 @@ from streams.runtime.replay import (
     plan_feedback,
     replay_id,
 )
+from streams.runtime.replay_runner import FREEZE_EVERY
 from tests.unit.core.harness import ScriptedTrinity, m
 from tests.unit.factories import T0, ack, at, end, feedback, mark, rewarded, start, step
 
@@ -817,13 +818,34 @@ def test_feeding_collects_garbage_less_often_and_restores_the_collector_after() 
 
     before = gc.get_threshold()
     during: list[tuple[int, int, int]] = []
+    frozen: list[int] = []
 
     def records() -> Iterable[SourceRecord]:
         during.append(gc.get_threshold())
-        yield from ()
+        for i in range(2 * FREEZE_EVERY + 1):
+            yield SourceRecord("event", 0, i, at(i / 1000), b"call-1", b"")
+            if i in (0, 2 * FREEZE_EVERY):  # get_freeze_count walks what is frozen
+                frozen.append(gc.get_freeze_count())
         raise RuntimeError("the range could not be read")
 
     with pytest.raises(RuntimeError, match="could not be read"):
         core().feed_all(records())
     assert during[0][0] > before[0]  # young collections less often while feeding
-    assert gc.get_threshold() == before  # as it was, also when feeding failed
+    assert frozen[0] == 0 and frozen[-1] > 0  # what survived is frozen as the feed goes
+    # as it was, also when feeding failed
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_process_that_froze_objects_itself_keeps_them_frozen() -> None:
+    import gc
+
+    gc.freeze()
+    try:
+        kept = gc.get_freeze_count()
+        core().feed_all(
+            SourceRecord("event", 0, i, at(i / 1000), b"call-1", b"")
+            for i in range(FREEZE_EVERY + 1)
+        )
+        assert gc.get_freeze_count() == kept  # neither unfrozen nor frozen further
+    finally:
+        gc.unfreeze()
