@@ -97,6 +97,8 @@ class StateCodec:
 class ObjectState(StateCodec):
     """State records kept as themselves, for a store nothing reads as bytes (see the module)."""
 
+    reads_legacy = False
+
     def dump(self, record: AvroModel) -> Any:
         return record
 
@@ -104,8 +106,6 @@ class ObjectState(StateCodec):
         if not isinstance(raw, model):
             raise DecodeError(f"expected a stored {model.__name__}, got {type(raw).__name__}")
         return raw
-
-    reads_legacy = False
 
     def open_calls(self) -> OpenCallLayout:
         return ObjectOpenCallLayout(self.codec)

@@ -6,7 +6,8 @@ what runs on the other end of the pipe, and the two things both ends share: the 
 (``<u32 length><pickle>``) and :func:`kafka_publisher`, the publisher of a settings object (the
 gateway's in-process recorder builds the same one).
 
-May import: the codec, the settings, :mod:`.publisher`, :mod:`streams.io`.
+May import: the settings, :mod:`.publisher`, :mod:`streams.io`; and, with a schema registry, the
+registry subjects of :mod:`streams.cli_support` (lazily, as the gateway's own producer does).
 """
 
 from __future__ import annotations
