@@ -171,13 +171,9 @@ class RewardJoin:
     ) -> None:
         key = check_key(env, record.call_id)
         raw = self.awaiting.get(key)
-        if not raw and isinstance(record, Trajectory) and not self.rewarder.needs_verdict:
-            if not self.score_incomplete and record.closed_reason != "ended":
-                out.stats["trajectories.incomplete"] += 1
-                return
-            if self._ready(record):  # the common case: nothing to wait for, scored at once
-                self._score(key, record, env.source, out)
-                return
+        trajectory = record if isinstance(record, Trajectory) else None
+        if not raw and trajectory and self._at_once(key, trajectory, env.source, out):
+            return
         if raw:
             entry = self.stored.load(raw, AwaitingReward)
         else:
@@ -216,6 +212,35 @@ class RewardJoin:
             # new entry, or its deadline changes
             self._index(env.partition).set(key, entry.since + self._wait_limit(entry))
         self.awaiting.set(key, self.stored.dump(entry))
+
+    def score_at_once(
+        self, key: bytes, trajectory: Trajectory, src: Source | None = None
+    ) -> RewardOut | None:
+        """The reward stage's decision on a trajectory that waits for nothing, made in the stage
+        that closed the call (the live worker, with no hop through ``<p>.trajectories``): what
+        :meth:`on_record` would decide for it, or None when the trajectory has to wait (its
+        reward needs a verdict, user feedback came for it before, or its reward function wants
+        feedback it does not have within a grace period); then it goes through
+        :meth:`on_record` as before. Reads the ``awaiting`` store, writes nothing."""
+        out = RewardOut()
+        if self.awaiting.get(key) or not self._at_once(key, trajectory, src, out):
+            return None
+        return out
+
+    def _at_once(
+        self, key: bytes, trajectory: Trajectory, src: Source | None, out: RewardOut
+    ) -> bool:
+        """Decide a trajectory with nothing stored for it, if it waits for nothing: the common
+        case. Whether it was decided."""
+        if self.rewarder.needs_verdict:
+            return False
+        if not self.score_incomplete and trajectory.closed_reason != "ended":
+            out.stats["trajectories.incomplete"] += 1
+            return True
+        if not self._ready(trajectory):
+            return False
+        self._score(key, trajectory, src, out)
+        return True
 
     def _ready(self, trajectory: Trajectory) -> bool:
         """Whether the feedback ``trajectory`` has attached is final: its reward wants none, it

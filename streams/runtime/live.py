@@ -79,10 +79,11 @@ from ..topics import Topics
 from ..wire import TopicFraming
 from . import handover, spans_agent
 from .config import judge_of, ledger_config_of, limits_of
+from .live_close import ASSEMBLE_BATCH, ASSEMBLE_WITHIN, Closing
 from .live_guard import raw_input, source_of
-from .live_ports import ObservedTrinity, Ports
+from .live_ports import ObservedTrinity
 from .producing import install_idempotence, raw_schema
-from .stores import TableStore
+from .stores import BatchedStore, TableStore
 
 __all__ = [
     "ObservedTrinity",
@@ -103,7 +104,7 @@ PRODUCER_LINGER = 0.005  # seconds the producer waits to fill a batch
 PRODUCER_BATCH = 1 << 20  # bytes in one producer batch (per partition)
 
 
-class Pipeline(Ports):
+class Pipeline(Closing):
     """One Faust application running all four stages. Construct, then run ``pipeline.app``.
 
     The seams: ``trinity`` builds the HTTP client (tests pass one with a mock transport),
@@ -184,12 +185,17 @@ class Pipeline(Ports):
         if self.server is not None:
             self.server.bind()  # a busy port fails here, at start, naming the setting
         self.app = self._build(bootstrap)
+        # the assemble stage's writes wait for the end of its batch (live_close)
+        self.batched = (
+            BatchedStore(TableStore(self.pending)),
+            BatchedStore(TableStore(self.closed)),
+        )
         self.assembler = Assembler(
             self.strategy,
             limits=self.limits,
             late_retention=timedelta(seconds=settings.assembly.late_retention_s),
-            pending=TableStore(self.pending),
-            closed=TableStore(self.closed),
+            pending=self.batched[0],
+            closed=self.batched[1],
             codec=self.codec,
         )
         self.reward_join = RewardJoin(
@@ -282,14 +288,12 @@ class Pipeline(Ports):
             lambda: sum(1 for key in list(self.pending.keys()) if is_head_key(key))
         )
 
-        # 1. assemble: a call's events -> one trajectory, if the call is selected
-        # (the stages are made after the app: looked up when a record comes)
-        self.guarded_agent(
-            app,
-            "assemble",
-            (t.agent_events, t.ticks),
-            lambda src, now: self.assembler.on_record(src, now),
-        )
+        # 1. assemble: a call's events -> one trajectory, if the call is selected; in batches,
+        # the common case rewarded and fed back here (live_close)
+        @app.agent(raw_input(app, t.agent_events, t.ticks), name="assemble")
+        async def assemble(stream: faust.StreamT) -> None:
+            async for batch in stream.take_events(ASSEMBLE_BATCH, within=ASSEMBLE_WITHIN):
+                await self._assemble(batch)
 
         # 0. spans: OTLP trace fragments -> each call's records on agent-events (spans_agent)
         self.t_agent_events = self.t_events  # the stage's output topic, by the core's name
@@ -299,7 +303,11 @@ class Pipeline(Ports):
         # verdict) -> rewarded; a judge request once per call that needs a verdict
         reward_inputs = (t.trajectories, t.user_feedback, t.ticks, *([t.verdicts] * judging))
         self.guarded_agent(
-            app, "reward", reward_inputs, lambda src, now: self.reward_join.on_record(src, now)
+            app,
+            "reward",
+            reward_inputs,
+            lambda src, now: self.reward_join.on_record(src, now),
+            passes_over=t.trajectories,  # those rewarded by the assemble stage already
         )
 
         # 2b. judge: a judge request -> the judge's answer, retried while it is unavailable ->

@@ -24,7 +24,7 @@ import faust
 
 from ..codec import SchemaRegistry
 from ..core.clock import wall_clock
-from ..core.effects import Out, Reject, dead_letter
+from ..core.effects import Emit, Out, Reject, dead_letter
 from ..envelope import Edge, Envelope, Source
 from ..models import (
     Comparison,
@@ -38,9 +38,15 @@ from ..observe.metrics import Metrics
 from ..settings import RECORD_HEADROOM, Settings
 from ..topics import Topics
 
-__all__ = ["Guard", "raw_input", "source_of"]
+__all__ = ["HANDLED", "Guard", "handled", "raw_input", "source_of"]
 
 log = logging.getLogger("trajstream")
+
+HANDLED = "trajstream-handled"
+"""The header of a record on ``<p>.trajectories`` or ``<p>.rewarded`` that the stage which made
+it already took through the next stage (rewarded, or fed back): an output for readers, not a hop
+for the worker (:mod:`.live_close`)."""
+HANDLED_HEADERS = [(HANDLED, b"1")]
 
 
 def raw_input(app: faust.App, *topics: str) -> faust.TopicT:
@@ -78,12 +84,18 @@ class Guard:
         stage: str,
         topics: tuple[str, ...],
         step: Callable[[Envelope, datetime], Out],
+        passes_over: str | None = None,
     ) -> None:
         """Mount agent ``stage`` on ``app``: ``step`` on each record of ``topics`` (opened at
-        the edge) under the one guard (:meth:`_guard`), record by record."""
+        the edge) under the one guard (:meth:`_guard`), record by record; the records of topic
+        ``passes_over`` that carry the :data:`HANDLED` header are passed over."""
 
         async def agent(stream: faust.StreamT) -> None:
             async for event in stream.events():
+                if passes_over is not None and event.message.topic == passes_over:
+                    if handled(event):
+                        self.stats[f"{stage}.handled_before"] += 1
+                        continue
                 await self._guard(stage, event, step)
 
         app.agent(raw_input(app, *topics), name=stage)(agent)
@@ -118,23 +130,42 @@ class Guard:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not isinstance(exc, expected):
-                log.exception("%s: unexpected error on %s", stage, src.where())
-            out = Out()
-            out.reject(Reject.of(stage, exc, src))
+            out = _failed(stage, src, exc, expected)
         await self._send(out)
         return out
 
-    async def _send(self, out: Out) -> None:
+    def _stepped(
+        self, stage: str, src: Source, step: Callable[[Envelope, datetime], Out]
+    ) -> Out:
+        """The guard of :meth:`_guarded` for a stage step that does no I/O, without the sending:
+        what it decided (a batch sends it later, :mod:`.live_close`)."""
+        self.metrics.event_in(src.topic)
+        try:
+            return step(self.edge.read(src), wall_clock())
+        except Exception as exc:
+            return _failed(stage, src, exc, ())
+
+    async def _send(
+        self, out: Out, handled: Callable[[Emit], bool] | None = None
+    ) -> list[Awaitable[Any]]:
+        """Send what a stage decided; returns the sends' deliveries (awaited by a batch that
+        writes its state after them). ``handled`` says which emitted records the stage that
+        made them already handled for the next stage: those carry the :data:`HANDLED` header,
+        and the next stage passes them over (see :mod:`.live_close`)."""
         self.stats.update(out.stats)
+        sent = []
         for emit in out.emits:
             topic = getattr(self, f"t_{emit.topic}")
             partition = 0 if emit.topic == "ledger" else None
             value = self.codec.encode(emit.record)
-            await topic.send(key=emit.key, value=value, partition=partition)
+            headers = HANDLED_HEADERS if handled is not None and handled(emit) else None
+            sent.append(
+                await topic.send(key=emit.key, value=value, partition=partition, headers=headers)
+            )
             self._observe(emit.record)
         for reject in out.rejects:
-            await self._reject(reject)
+            sent.append(await self._reject(reject))
+        return sent
 
     def _observe(self, record: Any) -> None:
         if isinstance(record, SelectionDecision):
@@ -148,7 +179,7 @@ class Guard:
         elif isinstance(record, RoutingShare):
             self.metrics.routing(record)
 
-    async def _reject(self, reject: Reject) -> None:
+    async def _reject(self, reject: Reject) -> Awaitable[Any]:
         record = dead_letter(
             reject,
             utcnow(),
@@ -158,10 +189,30 @@ class Guard:
         )
         if reject.late:
             self.metrics.late_event()
-            await self.t_late.send(key=record.key, value=self.codec.encode(record))
-            return
+            return await self.t_late.send(key=record.key, value=self.codec.encode(record))
         self.stats[f"dead_letters.{reject.stage}"] += 1
         self.metrics.dead_letter(reject.stage)
         where = reject.source.where() if reject.source else f"call {record.key!r}"
         log.warning("dead letter (%s) %s: %s", reject.stage, where, record.reason)
-        await self.t_dead.send(key=record.key, value=self.codec.encode(record))
+        return await self.t_dead.send(key=record.key, value=self.codec.encode(record))
+
+
+def _failed(
+    stage: str, src: Source, exc: Exception, expected: tuple[type[Exception], ...]
+) -> Out:
+    """What a stage that raised on ``src`` decided: the record is a dead letter of ``stage``
+    (logged with its traceback unless the error is ``expected``: its reason says all)."""
+    if not isinstance(exc, expected):
+        log.exception("%s: unexpected error on %s", stage, src.where())
+    out = Out()
+    out.reject(Reject.of(stage, exc, src))
+    return out
+
+
+def handled(event: Any) -> bool:
+    """Whether a record read carries the :data:`HANDLED` header: the stage that made it handled
+    it for this one already."""
+    headers = getattr(event.message, "headers", None) or ()
+    if isinstance(headers, dict):
+        headers = headers.items()
+    return any(name == HANDLED for name, _ in headers)

@@ -52,7 +52,7 @@ from ..models import (
 from ..observe.metrics import Metrics
 from ..settings import Settings
 from ..topics import Topics
-from .live_guard import Guard, source_of
+from .live_guard import Guard, handled, source_of
 
 __all__ = ["ObservedTrinity", "Ports"]
 
@@ -134,6 +134,9 @@ class Ports(Guard):
     # -- 3. feedback -------------------------------------------------------------------------
 
     async def _feedback_guarded(self, event: Any) -> None:
+        if handled(event):  # acknowledged by the stage that closed the call (live_close)
+            self.stats["feedback.handled_before"] += 1
+            return
         await self._guarded(
             "feedback", source_of(event), self._feedback, expected=(RecordError,), count=False
         )

@@ -1,5 +1,12 @@
-"""A Faust table as a :class:`streams.core.store.Store`: how the live worker's stages (and the
+"""Faust tables as :class:`streams.core.store.Store`\\ s: how the live worker's stages (and the
 span-resolution stage, :mod:`.spans_agent`) see their tables.
+
+:class:`TableStore` writes through: every ``set`` and ``delete`` is a table write (one changelog
+record). :class:`BatchedStore` keeps a batch's writes beside the table and writes only what
+is left of them when the batch ends (:meth:`BatchedStore.flush`): an entry written and
+deleted within one batch (an open call that closed in it) costs no changelog record at all, and
+a key written twice costs one. What Kafka Streams' record cache does before a commit; here the
+batch is one stream batch of the agent, flushed before its offsets are acknowledged.
 
 May import: the standard library, the core.
 """
@@ -9,14 +16,31 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["TableStore"]
+from ..core.store import Store
+
+__all__ = ["BatchedStore", "TableStore"]
 
 
 class TableStore:
-    """A Faust table as a :class:`streams.core.store.Store`."""
+    """A Faust table as a :class:`streams.core.store.Store`.
+
+    Faust writes a key to the changelog partition of the record being handled. A store that
+    writes outside of one (a batch's writes, :class:`BatchedStore`) says the partition first
+    (:meth:`at`)."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
+        self._partition: int | None = None
+        own = table.partition_for_key
+
+        def partition_for_key(key: Any) -> int | None:
+            return self._partition if self._partition is not None else own(key)
+
+        table.partition_for_key = partition_for_key
+
+    def at(self, partition: int | None) -> None:
+        """Write to changelog ``partition`` from now on (None: the current record's)."""
+        self._partition = partition
 
     def get(self, key: bytes) -> bytes | None:
         value = self.table.get(key)
@@ -31,3 +55,63 @@ class TableStore:
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         return iter(list(self.table.items()))
+
+
+class BatchedStore:
+    """A store whose writes wait for the end of the batch (see the module), over a
+    :class:`TableStore` (or any :class:`~streams.core.store.Store`).
+
+    The runner says which partition the record being handled belongs to (:attr:`partition`)
+    before handing it to the stage; each write remembers it, and :meth:`flush` writes each key's
+    last value to that partition (:meth:`TableStore.at`: Faust would take it from the current
+    event, which a batch does not have). Reads see the batch's writes first. :meth:`discard`
+    forgets them (a batch that failed, to be read again)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.partition = 0
+        self._writes: dict[bytes, tuple[int, bytes | None]] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        write = self._writes.get(key)
+        if write is not None:
+            return write[1]
+        return self.inner.get(key)
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._writes[key] = (self.partition, value)
+
+    def delete(self, key: bytes) -> None:
+        # a key the store does not hold is only forgotten at the flush (no write then)
+        self._writes[key] = (self.partition, None)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        writes = self._writes
+        merged = [(k, v) for k, v in self.inner.items() if k not in writes]
+        merged.extend((k, v) for k, (_, v) in writes.items() if v is not None)
+        return iter(merged)
+
+    def __len__(self) -> int:
+        """The writes waiting."""
+        return len(self._writes)
+
+    def flush(self) -> None:
+        """Write what the batch left to the store (a table: and its changelog)."""
+        inner, writes = self.inner, self._writes
+        at = getattr(inner, "at", None)
+        try:
+            for key, (partition, value) in writes.items():
+                if at is not None:
+                    at(partition)
+                if value is not None:
+                    inner.set(key, value)
+                else:
+                    inner.delete(key)
+        finally:
+            if at is not None:
+                at(None)
+            writes.clear()
+
+    def discard(self) -> None:
+        """Forget the batch's writes."""
+        self._writes.clear()

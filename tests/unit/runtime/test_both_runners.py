@@ -42,6 +42,7 @@ from streams.models import (
 from streams.runtime.config import ledger_config_of
 from streams.runtime.live import Pipeline
 from streams.runtime.replay import END_OF_TIME, ReplayRunner, SourceRecord
+from streams.runtime.stores import BatchedStore
 from streams.settings import Settings, load_settings
 from tests.unit.core.harness import REPO_ROOT, ScriptedTrinity, m
 from tests.unit.factories import at, end, feedback, start, step
@@ -166,16 +167,37 @@ class Result:
     verdicts: list[Answer]
     """What the judge stage answered, by call: score, error, prompt hash, raw answer, attempts
     (not its dates: each runner's clock)."""
+    direct: int = -1
+    """Live only: the trajectories the assemble stage fed back itself (no hop)."""
 
 
 class Sink:
-    def __init__(self, name: str, sent: list[tuple[str, bytes | None, bytes]]) -> None:
+    """A topic: what was sent to it, in ``sent``; the indexes of records sent with the
+    HANDLED header (taken through the next stage already: it passes them over) in ``handled``."""
+
+    def __init__(
+        self,
+        name: str,
+        sent: list[tuple[str, bytes | None, bytes]],
+        handled: set[int] | None = None,
+    ) -> None:
         self.name, self.sent = name, sent
+        self.handled = handled if handled is not None else set()
 
     async def send(
-        self, key: bytes | None = None, value: bytes = b"", partition: Any = None
-    ) -> None:
+        self,
+        key: bytes | None = None,
+        value: bytes = b"",
+        partition: Any = None,
+        headers: Any = None,
+    ) -> asyncio.Future[None]:
+        if headers:
+            assert headers == [(live_guard.HANDLED, b"1")]
+            self.handled.add(len(self.sent))
         self.sent.append((self.name, key, value))
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        delivered.set_result(None)
+        return delivered
 
 
 class Message:
@@ -209,11 +231,13 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         trinity=lambda: trinity,  # type: ignore[arg-type,return-value]
         judge_client=fake_judge,
     )
-    p.assembler.pending, p.assembler.closed = MemoryStore(), MemoryStore()
+    p.batched = (BatchedStore(MemoryStore()), BatchedStore(MemoryStore()))
+    p.assembler.pending, p.assembler.closed = p.batched
     p.reward_join.awaiting = MemoryStore()
     if p.reward_join.verdicts is not None:
         p.reward_join.verdicts = MemoryStore()
     sent: list[tuple[str, bytes | None, bytes]] = []
+    handled: set[int] = set()
     for name in (
         "trajectories",
         "rewarded",
@@ -227,7 +251,7 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         "judge_requests",
         "verdicts",
     ):
-        setattr(p, f"t_{name}", Sink(name, sent))
+        setattr(p, f"t_{name}", Sink(name, sent, handled))
     clock = {"now": at(0)}
     for module in (live_guard, live_ports):  # the stages' clock and the judge's
         monkeypatch.setattr(module, "wall_clock", lambda: clock["now"])
@@ -239,6 +263,8 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         while done < len(sent):
             name, key, value = sent[done]
             done += 1
+            if done - 1 in handled:
+                continue  # the assemble stage took it through the next stage (live_close)
             if name == "trajectories":
                 event = Event(t.trajectories, next(offsets), key, value)
                 await p._guard("reward", event, p.reward_join.on_record)
@@ -254,9 +280,7 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
     async def tick(now: datetime, *, reward_only: bool = False) -> None:
         value = CODEC.encode(Tick(at=now))
         if not reward_only:
-            await p._guard(
-                "assemble", Event(t.ticks, next(offsets), None, value), p.assembler.on_record
-            )
+            await p._assemble([Event(t.ticks, next(offsets), None, value)])
         await p._guard(
             "reward", Event(t.ticks, next(offsets), None, value), p.reward_join.on_record
         )
@@ -270,8 +294,10 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
             topic = t.agent_events if kind == "event" else t.user_feedback
             key = key if key is not None else getattr(record, "call_id", "").encode()
             event = Event(topic, next(offsets), key, CODEC.encode(record))
-            stage = p.assembler if kind == "event" else p.reward_join
-            await p._guard("assemble" if kind == "event" else "reward", event, stage.on_record)
+            if kind == "event":
+                await p._assemble([event])
+            else:
+                await p._guard("reward", event, p.reward_join.on_record)
             done = await drain(done)
         clock["now"] = at(until)
         await tick(at(until))
@@ -297,6 +323,7 @@ def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any
         [_undated(r) for r in decoded("judge_requests")],
         decoded("ledger"),
         _verdicts(decoded("verdicts")),
+        p.stats["feedback.direct"],
     )
 
 
@@ -374,6 +401,9 @@ def test_both_runners_decide_alike(case: str, monkeypatch: pytest.MonkeyPatch) -
     assert mine.judge_requests == theirs.judge_requests
     assert mine.verdicts == theirs.verdicts
     assert mine.decisions  # every case closes something
+    # the common case (no judge, no grace period) is fed back by the stage that closed the call
+    waits = settings.reward.feedback_grace_s > 0 or "judge" in case
+    assert (mine.direct == len(mine.acks)) != waits or not mine.acks
     acks = [CODEC.encode(a) for a in theirs.ack_records]
     assert live_commits(settings, acks, monkeypatch) == backfill_commits(settings, acks)
 
@@ -396,8 +426,9 @@ def live_commits(
     p = Pipeline(settings, bootstrap="127.0.0.1:9", trinity=lambda: trinity)  # type: ignore[arg-type,return-value]
     p.ledger_stage.store = MemoryStore()
     sent: list[tuple[str, bytes | None, bytes]] = []
+    handled: set[int] = set()
     for name in ("windows", "alerts", "commits", "dead", "comparisons", "routing"):
-        setattr(p, f"t_{name}", Sink(name, sent))
+        setattr(p, f"t_{name}", Sink(name, sent, handled))
 
     class Producer:
         async def flush(self) -> None:
@@ -482,8 +513,9 @@ def test_the_live_ledger_records_experiences_on_its_first_commit(
     p = Pipeline(settings, bootstrap="127.0.0.1:9", trinity=lambda: trinity)  # type: ignore[arg-type,return-value]
     p.ledger_stage.store = MemoryStore()
     sent: list[tuple[str, bytes | None, bytes]] = []
+    handled: set[int] = set()
     for name in ("windows", "alerts", "commits", "dead"):
-        setattr(p, f"t_{name}", Sink(name, sent))
+        setattr(p, f"t_{name}", Sink(name, sent, handled))
 
     class Producer:
         async def flush(self) -> None:
