@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from typing import Any
 
 from ..cli_support import ensure_topics, resolve_bootstrap
 from ..errors import ConfigError
 from ..settings import Settings
+
+DEFAULT_HEAP = "512m"  # the local broker's Java heap (-Xmx)
 
 __all__ = [
     "add_broker",
@@ -39,6 +42,12 @@ def add_broker(sub: Any) -> None:
     )
     p.add_argument("--port", type=int, default=None, help="listener port (start: 9092 if free)")
     p.add_argument(
+        "--heap",
+        default=None,
+        help="start/run, one broker: the broker's Java heap, as -Xmx takes it (default 512m; a "
+        "broker kept up for long, with many topics, may need more: e.g. 2g)",
+    )
+    p.add_argument(
         "--sasl-ssl",
         action="store_true",
         help="run: also listen with SASL_SSL (a CA made at start, PLAIN and SCRAM users) and "
@@ -56,8 +65,15 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--brokers must be at least 1, not {args.brokers}")
     if args.sasl_ssl and args.brokers > 1:
         raise ConfigError("--sasl-ssl runs one broker: leave out --brokers")
+    heap = args.heap or DEFAULT_HEAP
+    if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]", heap):
+        raise ConfigError(f"--heap must be a size as -Xmx takes it (512m, 2g), not {heap!r}")
+    if args.heap is not None and args.brokers > 1:
+        raise ConfigError("--heap sets one broker's heap: leave out --brokers")
     if args.action == "start":
-        state = broker.start_detached(settings.cache_dir, port=args.port, brokers=args.brokers)
+        state = broker.start_detached(
+            settings.cache_dir, port=args.port, brokers=args.brokers, heap=heap
+        )
         if args.port is None and state.port != broker.DEFAULT_DETACHED_PORT:
             print(
                 f"port {broker.DEFAULT_DETACHED_PORT} is busy; using {state.port}", file=sys.stderr
@@ -92,7 +108,9 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
             except KeyboardInterrupt:
                 pass
         return 0
-    with broker.LocalBroker(settings.cache_dir, port=args.port or 0, sasl_ssl=args.sasl_ssl) as b:
+    with broker.LocalBroker(
+        settings.cache_dir, port=args.port or 0, sasl_ssl=args.sasl_ssl, heap=heap
+    ) as b:
         print(b.start(), flush=True)
         if args.sasl_ssl:
             assert b.data_dir is not None

@@ -146,10 +146,10 @@ class Guard:
             return _failed(stage, src, exc, ())
 
     async def _send(
-        self, out: Out, handled: Callable[[Emit], bool] | None = None
+        self, out: Out, marked: Callable[[Emit], bool] | None = None
     ) -> list[Awaitable[Any]]:
         """Send what a stage decided; returns the sends' deliveries (awaited by a batch that
-        writes its state after them). ``handled`` says which emitted records the stage that
+        writes its state after them). ``marked`` says which emitted records the stage that
         made them already handled for the next stage: those carry the :data:`HANDLED` header,
         and the next stage passes them over (see :mod:`.live_close`)."""
         self.stats.update(out.stats)
@@ -158,7 +158,7 @@ class Guard:
             topic = getattr(self, f"t_{emit.topic}")
             partition = 0 if emit.topic == "ledger" else None
             value = self.codec.encode(emit.record)
-            headers = HANDLED_HEADERS if handled is not None and handled(emit) else None
+            headers = HANDLED_HEADERS if marked is not None and marked(emit) else None
             sent.append(
                 await topic.send(key=emit.key, value=value, partition=partition, headers=headers)
             )

@@ -383,3 +383,34 @@ def test_the_cli_takes_a_broker_count() -> None:
     args = build_parser().parse_args(["broker", "start", "--brokers", "3"])
     assert (args.action, args.brokers) == ("start", 3)
     assert build_parser().parse_args(["broker", "start"]).brokers == 1
+
+
+def test_the_cli_passes_the_heap_to_the_broker_and_refuses_a_bad_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streams.cli import build_parser
+    from streams.commands.local import cmd_broker
+    from streams.devtools import broker
+    from streams.errors import ConfigError
+    from streams.settings import load_settings
+
+    started: list[dict[str, Any]] = []
+
+    def start_detached(cache_dir: Path, **kw: Any) -> BrokerState:
+        started.append(kw)
+        return make_state(tmp_path, 11)
+
+    monkeypatch.setattr(broker, "start_detached", start_detached)
+    settings = load_settings(cache_dir=tmp_path)
+    assert cmd_broker(build_parser().parse_args(["broker", "start"]), settings) == 0
+    args = build_parser().parse_args(["broker", "start", "--port", "9092", "--heap", "2g"])
+    assert cmd_broker(args, settings) == 0
+    assert [kw["heap"] for kw in started] == ["512m", "2g"]
+    for bad in ("2 GB", "0m", "lots"):
+        args = build_parser().parse_args(["broker", "start", "--heap", bad])
+        with pytest.raises(ConfigError, match="--heap"):
+            cmd_broker(args, settings)
+    args = build_parser().parse_args(["broker", "start", "--brokers", "3", "--heap", "1g"])
+    with pytest.raises(ConfigError, match="--heap sets one broker"):
+        cmd_broker(args, settings)
+    assert len(started) == 2
