@@ -172,7 +172,7 @@ class RewardJoin:
         key = check_key(env, record.call_id)
         raw = self.awaiting.get(key)
         trajectory = record if isinstance(record, Trajectory) else None
-        if not raw and trajectory and self._at_once(key, trajectory, env.source, out):
+        if not raw and trajectory is not None and self._at_once(key, trajectory, env.source, out):
             return
         if raw:
             entry = self.stored.load(raw, AwaitingReward)

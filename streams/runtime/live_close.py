@@ -50,7 +50,7 @@ from ..errors import RecordError, TrinityError
 from ..models import FeedbackAck, RewardedTrajectory, Trajectory, utcnow
 from ..observe.metrics import Metrics
 from .live_guard import source_of
-from .live_ports import Ports
+from .live_ports import Ports, rejected_reason
 from .stores import BatchedStore
 
 __all__ = ["ASSEMBLE_BATCH", "ASSEMBLE_WITHIN", "DIRECT_PAUSE_S", "Closing"]
@@ -143,8 +143,7 @@ class Closing(Ports):
             # one, which took no offset of <p>.rewarded as a hop (-1)
             value = self.codec.encode(rewarded)
             src = Source(self.topics.rewarded, partition, -1, emit.key, value)
-            reason = f"Trinity rejected the feedback: {exc}"
-            return Reject("feedback", reason, RecordError.__name__, src)
+            return Reject("feedback", rejected_reason(exc), RecordError.__name__, src)
         except Exception:
             self._deferred()
             return None
@@ -160,8 +159,5 @@ class Closing(Ports):
     async def _feedback_once(self, request: FeedbackRequest, what: str) -> int:
         """A :class:`~streams.core.feedback.FeedbackPort` that tries once (the feedback
         stage's retries are the fallback)."""
-        async with self._http_slots:
-            await self.trinity.feedback(
-                request.msg_ids, request.reward, request.task_id, request.run_id
-            )
+        await self.post_feedback(request)
         return 1

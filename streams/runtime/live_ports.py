@@ -54,11 +54,16 @@ from ..settings import Settings
 from ..topics import Topics
 from .live_guard import Guard, handled, source_of
 
-__all__ = ["ObservedTrinity", "Ports"]
+__all__ = ["ObservedTrinity", "Ports", "rejected_reason"]
 
 log = logging.getLogger("trajstream")
 
 UNREAD_LEDGER_S = 5.0  # how long a graceful stop reads the ledger records its consumer left
+
+
+def rejected_reason(exc: Exception) -> str:
+    """The reason of the dead letter of a feedback Trinity rejected."""
+    return f"Trinity rejected the feedback: {exc}"
 
 
 class Ports(Guard):
@@ -150,19 +155,22 @@ class Ports(Guard):
             self.stats["feedback.retries"] += 1
             self.metrics.feedback_retry()
 
-        async def send() -> None:
-            async with self._http_slots:
-                await self.trinity.feedback(
-                    request.msg_ids, request.reward, request.task_id, request.run_id
-                )
-
         try:
-            tries, _ = await retrying(send, self.retry, what, on_retry=retried)
+            tries, _ = await retrying(
+                lambda: self.post_feedback(request), self.retry, what, on_retry=retried
+            )
         except TrinityGaveUp as exc:
             raise RecordError(str(exc)) from exc
         except TrinityError as exc:  # rejected (4xx) or an answer that makes no sense
-            raise RecordError(f"Trinity rejected the feedback: {exc}") from exc
+            raise RecordError(rejected_reason(exc)) from exc
         return tries
+
+    async def post_feedback(self, request: FeedbackRequest) -> None:
+        """One ``POST /feedback``, at most ``trinity.max_connections`` at once; no retry."""
+        async with self._http_slots:
+            await self.trinity.feedback(
+                request.msg_ids, request.reward, request.task_id, request.run_id
+            )
 
     async def _feedback(self, env: Envelope) -> Out:
         rewarded = env.open()
