@@ -91,6 +91,8 @@ EVENTS_PER_CALL = 5
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TRACE_DIR: Path | None = None
 """--trace-memory: workers run under tracemalloc (bench/traced_worker.py), dumps written here."""
+TRACE_EVERY_S: float | None = None
+"""--trace-every: the soak's dumps every this many seconds after the base (else minutes 6, 16)."""
 
 
 # -- realistic events ------------------------------------------------------------------------
@@ -919,8 +921,13 @@ async def soak(
             t0 = time.monotonic()
             n = 0
             next_sample = t0
-            # with --trace-memory: a base dump after warm-up, then at minutes 6 and 16 and the end
-            marks = sorted({seconds / 5, 360.0, 960.0})
+            # with --trace-memory: a base dump after warm-up, then at minutes 6 and 16 (or every
+            # --trace-every seconds after the base) and the end
+            base = seconds / 5
+            if TRACE_EVERY_S:
+                marks = [base + k * TRACE_EVERY_S for k in range(int(seconds / TRACE_EVERY_S) + 1)]
+            else:
+                marks = sorted({base, 360.0, 960.0})
             dumps = [m for m in marks if m < seconds]
             traces: dict[str, str | None] = {}
             while time.monotonic() - t0 < seconds:
@@ -1349,6 +1356,14 @@ if __name__ == "__main__":
         "allocators to DIR: memory after warm-up and each shape, soak after warm-up, at "
         "minutes 6 and 16 and at the end",
     )
+    parser.add_argument(
+        "--trace-every",
+        type=float,
+        metavar="SECONDS",
+        help="with --trace-memory: the soak's dumps every SECONDS after its base dump instead "
+        "of at minutes 6 and 16 (with TRACE_CENSUS=1 a dump costs the worker nothing between "
+        "dumps)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     a = parser.parse_args()
     a.calls = a.calls or (200 if a.quick else 4000)
@@ -1359,6 +1374,10 @@ if __name__ == "__main__":
     a.repeats = a.repeats if a.repeats is not None else (1 if a.quick else 3)
     if a.trace_memory:
         TRACE_DIR = a.trace_memory.resolve()
+    if a.trace_every is not None:
+        if a.trace_every <= 0 or not a.trace_memory:
+            parser.error("--trace-every: a positive number of seconds, with --trace-memory")
+        TRACE_EVERY_S = a.trace_every
     res = asyncio.run(main(a))
     table = Table(title=f"trajstream benchmark, {res['date']}, {machine_line(res['machine'])}")
     for col in ("measure", "figures", "result", "target", "met"):
