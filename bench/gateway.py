@@ -15,7 +15,9 @@ drives both from this process with aiohttp. It reports, as a table and as JSON
                the floor: a bare aiohttp proxy on uvloop (bench/proxy_floor.py: no parsing, no
                recording), what any gateway in one Python process costs on this machine
 2. latency     open loop at each --rates: p50/p99 through the gateway, the floor and direct at
-               the same rate; "added" is the difference to direct
+               the same rate, each path after --warmup seconds (2) at that rate that are not
+               counted (its connections opened: client to proxy, proxy to upstream); "added"
+               is the difference to direct
 3. rss         the gateway's RSS (its process and the recorder's) sampled every second over a
                --soak run at that rate,
                each call ended with /end as agents do: first, max, last, and last minus the
@@ -155,29 +157,44 @@ async def max_rate(url: str, seconds: float, concurrency: int) -> float:
 
 
 async def at_rate(
-    url: str, rate: float, seconds: float, on_tick: Any = None, end: str | None = None
+    url: str,
+    rate: float,
+    seconds: float,
+    on_tick: Any = None,
+    end: str | None = None,
+    warmup: float = 0.0,
+    counting: Any = None,
 ) -> list[float]:
-    """Open loop: one request every 1/rate s, each timed from its send."""
+    """Open loop: one request every 1/rate s, each timed from its send; the requests of the
+    first ``warmup`` seconds (the connections being opened, client to proxy and proxy to
+    upstream) are sent at the same rate but not counted; ``counting()`` is called as the
+    first counted request is sent."""
     data = json.dumps(BODY).encode()
     latencies: list[float] = []
     tasks: set[asyncio.Task[None]] = set()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as http:
 
-        async def send() -> None:
+        async def send(counted: bool) -> None:
             try:
-                latencies.append(await one(http, url, data, end))
+                latency = await one(http, url, data, end)
             except (aiohttp.ClientError, RuntimeError):  # refused or reset under overload
                 FAILED[url] = FAILED.get(url, 0) + 1
+                return
+            if counted:
+                latencies.append(latency)
 
         t0 = time.perf_counter()
-        n = int(rate * seconds)
+        warm = int(rate * warmup)
+        n = warm + int(rate * seconds)
         next_tick = t0
         for i in range(n):
             target = t0 + i / rate
             delay = target - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(send())
+            if i == warm and counting is not None:
+                counting()
+            task = asyncio.create_task(send(i >= warm))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             if on_tick is not None and time.perf_counter() >= next_tick:
@@ -331,10 +348,20 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             direct_max = await max_rate(direct_url, args.seconds, args.concurrency)
             floor_max = await max_rate(floor_url, args.seconds, args.concurrency)
             for rate in args.rates:
-                direct = await at_rate(direct_url, rate, args.seconds)
-                bare = await at_rate(floor_url, rate, args.seconds)
-                hist = await overhead_buckets(gateway)
-                through = await at_rate(gateway_url, rate, args.seconds)
+                direct = await at_rate(direct_url, rate, args.seconds, warmup=args.warmup)
+                bare = await at_rate(floor_url, rate, args.seconds, warmup=args.warmup)
+                # the gateway's histogram read as the counted requests begin, and after them
+                read: list[asyncio.Task[dict[float, float]]] = []
+                through = await at_rate(
+                    gateway_url,
+                    rate,
+                    args.seconds,
+                    warmup=args.warmup,
+                    counting=lambda into=read: into.append(
+                        asyncio.create_task(overhead_buckets(gateway))
+                    ),
+                )
+                hist = await read[0] if read else await overhead_buckets(gateway)
                 hist_after = await overhead_buckets(gateway)
                 by_rate.append(
                     {
@@ -380,6 +407,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "concurrency": args.concurrency,
             "durability": args.durability,
             "recorder": args.recorder,
+            "warmup_s": args.warmup,
             "load_average": os.getloadavg(),
             "max_rate": {
                 "gateway_rps": gw_max and round(gw_max, 1),
@@ -441,7 +469,8 @@ def report(result: dict[str, Any]) -> None:
     for lat in result["latency_by_rate"]:
         h = lat["overhead_histogram_ms"]
         print(
-            f"latency @ {lat['rate_rps']:.0f} req/s   direct p50 {lat['direct']['p50']:.2f} ms "
+            f"latency @ {lat['rate_rps']:.0f} req/s (after {result.get('warmup_s', 0):g} s of "
+            f"warm-up)   direct p50 {lat['direct']['p50']:.2f} ms "
             f"p99 {lat['direct']['p99']:.2f} ms | gateway p50 {lat['gateway']['p50']:.2f} ms "
             f"p99 {lat['gateway']['p99']:.2f} ms | added p50 {lat['added_p50']:.2f} ms "
             f"p99 {lat['added_p99']:.2f} ms | overhead (own histogram) p50 <= {h['p50_at_most']}"
@@ -465,6 +494,13 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 s phases, 5 s soak")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each rate phase")
     parser.add_argument("--soak", type=float, default=600.0, help="length of the RSS soak")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds at each open-loop rate before the counted requests, on every path "
+        "(default 2; --quick: 0.5; 0: none)",
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument(
         "--rates",
@@ -499,6 +535,8 @@ if __name__ == "__main__":
     if args.quick:  # explicit --seconds / --soak still win
         args.seconds = args.seconds if "--seconds" in sys.argv else 3.0
         args.soak = args.soak if "--soak" in sys.argv else 5.0
+    if args.warmup is None:
+        args.warmup = 0.5 if args.quick else 2.0
     if args.rates is None:
         args.rates = [200.0] if args.quick else [500.0, 1000.0]
     result = asyncio.run(main(args))

@@ -145,9 +145,9 @@ class ApiRoutes:
         for record in records:  # START and tool steps first: they happened before the answer
             gw.publisher.publish(record)
         seq = len(parsed.messages)
-        if route.shadow and parsed.chat is not None and seq not in state.seqs:
+        if route.shadow and parsed.chat is not None and not state.has(seq):
             # Trinity answers the translated request meanwhile; its answer joins the step
-            state.shadows[seq] = asyncio.ensure_future(gw._shadow(call_id, parsed.chat))
+            state.await_shadow(seq, asyncio.ensure_future(gw._shadow(call_id, parsed.chat)))
         exchange = Exchange(api, call_id, parsed, state, which, headers, path_call)
         if parsed.stream:
             return await self._stream(request, raw, exchange)
@@ -350,16 +350,15 @@ class ApiRoutes:
             now=now,
             provider=provider,
         )
-        if step.seq in state.seqs and not one_step:
+        if state.has(step.seq) and not one_step:
             # a retried request: the first answer is the step (on the broker with what is queued)
             return gw._on_broker(gw.publisher.position)
-        state.seqs.add(step.seq)
-        shadow = state.shadows.pop(step.seq, None)
+        state.add(step.seq)
+        shadow = state.take_shadow(step.seq)
         if shadow is None:
             return gw._on_broker(self._publish(step, one_step))
         task = gw._spawn(self._join_shadow(step, shadow, one_step))
-        state.pending.add(task)
-        task.add_done_callback(state.pending.discard)
+        state.watch(task)
         return gw._after(task) if gw.acked else None  # nobody waits when buffered
 
     async def _join_shadow(

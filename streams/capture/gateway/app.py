@@ -235,7 +235,7 @@ class Gateway(ChatRoutes):
         state = self.calls.get(call_id)
         if state is not None and state.pending:  # shadow steps still on their way
             await asyncio.wait(state.pending, timeout=self.config.timeout_s)
-        step_count = len(state.seqs) if state is not None and self.config.count_steps else None
+        step_count = state.steps if state is not None and self.config.count_steps else None
         position = self.publisher.publish(
             start.model_copy(
                 update={
@@ -252,8 +252,7 @@ class Gateway(ChatRoutes):
         self.calls.pop(call_id)
         self.apis.items.forget(call_id)
         if state is not None:
-            for shadow in state.shadows.values():  # answers no recorded step waits for
-                shadow.cancel()
+            state.cancel_shadows()  # answers no recorded step waits for
         if not await self._durable(self._on_broker(position)):
             return self._not_durable()
         return web.json_response(

