@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.codec import SchemaRegistry
 from streams.devtools.traffic import simulate_call
@@ -219,6 +220,51 @@ async def check(bootstrap: str, prefix: str, sent: list[AgentCall | Completion])
             )
     calls = len({e.call_id for e in sent})
     return Verdict(len(sent), calls, in_traj, len(recorded), problems)
+
+
+async def where_missing(bootstrap: str, group: str, prefix: str, problems: list[str]) -> str:
+    """Where the events named in ``problems`` sit on ``<prefix>.agent-events`` against the
+    group's committed offsets: below a committed offset, a worker passed them (a loss); at or
+    above it, they were not handled yet (a stall). Printed when the check fails."""
+    missing = {p.split()[1] for p in problems if " is in no trajectory" in p}
+    codec = SchemaRegistry.default()
+    topic = f"{prefix}.agent-events"
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    found: dict[int, list[int]] = defaultdict(list)
+    ends: dict[int, int] = {}
+    try:
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < 4.0:
+            for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
+                idle_since = time.monotonic()
+                for m in msgs:
+                    ends[tp.partition] = m.offset + 1
+                    try:
+                        event = codec.decode(m.value) if m.value is not None else None
+                    except RecordError:
+                        continue
+                    if getattr(event, "event_id", None) in missing:
+                        found[tp.partition].append(m.offset)
+    finally:
+        await consumer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    lines = []
+    for tp, meta in sorted(committed.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
+        if tp.topic != topic:
+            continue
+        at = sorted(found.get(tp.partition, []))
+        span = f"{len(at)} missing at {at[0]}..{at[-1]}" if at else "none missing"
+        end = ends.get(tp.partition)
+        lines.append(f"{topic}[{tp.partition}]: committed {meta.offset}, end {end}, {span}")
+    return "\n".join(lines) or f"no committed offsets of group {group} on {topic}"
 
 
 async def settle(

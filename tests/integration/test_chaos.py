@@ -17,7 +17,15 @@ import pytest
 from streams.broker import LocalBroker
 from streams.standin import StandIn
 
-from .chaos import RecordingProducer, Traffic, check, run_rounds, settle, worker_env
+from .chaos import (
+    RecordingProducer,
+    Traffic,
+    check,
+    run_rounds,
+    settle,
+    where_missing,
+    worker_env,
+)
 from .conftest import CACHE_DIR, Workers, base_env
 
 pytestmark = pytest.mark.integration
@@ -41,6 +49,8 @@ async def test_rejoin_chaos_loses_nothing(
     assert set(done) == {"sigterm", "sigkill", "scale-up", "scale-down"}, done
     verdict = await settle(lambda: check(kafka_bootstrap, prefix, producer.sent), timeout=90)
     print(f"chaos: {dict(done)}; {verdict}")
+    if verdict.problems:
+        print(await where_missing(kafka_bootstrap, prefix, prefix, verdict.problems))
     assert verdict.calls >= 50
     assert not verdict.problems, "\n".join(verdict.problems[:20])
 
