@@ -159,11 +159,14 @@ class Verdict:
     in_trajectories: int
     recorded: int
     problems: list[str]
+    waited_s: float = 0.0
+    """How long :func:`settle` waited for this verdict after the traffic ended."""
 
     def __str__(self) -> str:
         return (
             f"{self.events} events of {self.calls} calls: {self.in_trajectories} in trajectories, "
-            f"{self.recorded} on late-events/dead-letters, {len(self.problems)} problem(s)"
+            f"{self.recorded} on late-events/dead-letters, {len(self.problems)} problem(s) "
+            f"(checked {self.waited_s:.0f} s after the traffic)"
         )
 
 
@@ -268,12 +271,19 @@ async def where_missing(bootstrap: str, group: str, prefix: str, problems: list[
 
 
 async def settle(
-    verdict: Callable[[], Awaitable[Verdict]], timeout: float, every: float = 5.0
+    verdict: Callable[[], Awaitable[Verdict]],
+    timeout: float,
+    every: float = 5.0,
+    log: Callable[[str], None] = print,
 ) -> Verdict:
-    """Check until nothing is missing or ``timeout``: the last calls need a moment to close."""
-    deadline = time.monotonic() + timeout
+    """Check until nothing is missing or ``timeout``: the last calls need a moment to close.
+    Each check that still finds problems is logged (falling counts: the workers are catching up;
+    a count that holds: something is stuck or lost)."""
+    began = time.monotonic()
     while True:
         v = await verdict()
-        if not v.problems or time.monotonic() > deadline:
+        v.waited_s = time.monotonic() - began
+        if not v.problems or v.waited_s > timeout:
             return v
+        log(f"settle: {len(v.problems)} problem(s) after {v.waited_s:.0f} s")
         await asyncio.sleep(every)
