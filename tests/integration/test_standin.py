@@ -6,6 +6,7 @@ No Kafka needed (hence not marked ``integration``); these live here because they
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
@@ -92,6 +93,27 @@ async def test_chat_serves_fresh_ids_and_records_one_experience_each(
     assert list(standin.state.experiences) == [first["id"], second["id"]]
     row = standin.state.experiences[first["id"]]
     assert (row.rewarded, row.reward, row.prompt) == (False, None, "What is 2 + 2?")
+
+
+async def test_the_process_stand_in_keeps_what_it_served_out_of_full_collections(
+    standin: StandIn, trinity: TrinityClient
+) -> None:
+    """``trajstream standin`` freezes what it keeps (its full collections would otherwise scan
+    every experience ever served); a reset lets the dropped state be collected again."""
+    assert gc.get_freeze_count() == 0
+    freezer = asyncio.create_task(standin._keep_state_out_of_collections(0.05))
+    try:
+        await serve(trinity, 3)
+        await asyncio.sleep(0.2)
+        assert gc.get_freeze_count() > 0
+        tracked = {id(o) for o in gc.get_objects()}  # the permanent generation excluded
+        assert not {id(e) for e in standin.state.experiences.values()} & tracked
+        freezer.cancel()
+        await standin.reset()
+        assert gc.get_freeze_count() == 0
+    finally:
+        freezer.cancel()
+        gc.unfreeze()
 
 
 async def test_chat_reply_follows_the_last_user_message(trinity: TrinityClient) -> None:
