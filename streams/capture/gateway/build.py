@@ -7,7 +7,6 @@ May import: :mod:`.app`, :mod:`streams.io`, and what :mod:`.app` imports.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 
 from ...core.select import build_strategy
 from ...io import kafka
+from ...process import keep_out_of_collections
 from ...settings import Settings
 from ...topics import Topics
 from ..publisher import Publisher
@@ -138,14 +138,3 @@ async def run_gateway(settings: Settings, *, ready: Callable[[str], None] | None
         await stopping.wait()
     finally:
         await gateway.stop(settings.gateway.flush_timeout_s)
-
-
-def keep_out_of_collections() -> None:
-    """What the start built (modules, classes, functions, the application: about 100,000
-    objects) lives as long as the process: moved out of the cyclic garbage collector's
-    generations (:func:`gc.freeze`), so that its full collections, which come more often as the
-    call table fills, do not scan it each time. Measured in the gateway benchmark: full
-    collections of the serving process took 55-63 ms with it, the tail of the added latency.
-    Reference counting still frees any of it that is dropped."""
-    gc.collect()
-    gc.freeze()

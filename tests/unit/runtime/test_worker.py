@@ -134,3 +134,16 @@ def test_a_heap_trim_gives_back_what_freed_buffers_left_inside_the_heap() -> Non
 
 def test_the_worker_trims_its_heap_on_a_timer() -> None:
     assert "heap_trimmer" in worker.BoundedWorker._tasks[worker.BoundedWorker._get_class_id()]
+
+
+async def test_once_started_the_worker_moves_the_start_out_of_collections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import faust
+
+    froze: list[bool] = []
+    monkeypatch.setattr(worker, "keep_out_of_collections", lambda: froze.append(True))
+    app = faust.App("t-freeze", broker="kafka://127.0.0.1:9")
+    w = worker.BoundedWorker(app, loglevel="warn", quiet=True, stop_timeout_s=3)
+    await w.on_startup_finished()
+    assert froze == [True]
