@@ -25,6 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streams.codec import SchemaRegistry
 from streams.devtools.traffic import simulate_call
 from streams.errors import RecordError
+from streams.io.kafka import read_whole
 from streams.models import AgentCall, CallPhase, Completion, DeadLetter, Trajectory
 from streams.sdk import TrajstreamProducer, new_id
 
@@ -134,22 +135,28 @@ async def run_rounds(
     return done
 
 
-async def read_all(bootstrap: str, topic: str, idle_s: float = 4.0) -> list[bytes]:
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    out: list[bytes] = []
+async def read_records(bootstrap: str, topic: str, stall_s: float = 60.0) -> list[Any]:
+    """Every record ``topic`` holds now, partition by partition: read up to the end offsets taken
+    first (not until the topic has been quiet for a while, which a loaded broker's slow first
+    fetch would end early, missing records that are there)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
     try:
-        idle_since = time.monotonic()
-        while time.monotonic() - idle_since < idle_s:
-            batch = await consumer.getmany(timeout_ms=500)
-            for msgs in batch.values():
-                out.extend(m.value for m in msgs if m.value is not None)
-                idle_since = time.monotonic()
+        described = await admin.describe_topics([topic])
     finally:
-        await consumer.stop()
-    return out
+        await admin.close()
+    partitions = [p["partition"] for d in described if d["topic"] == topic for p in d["partitions"]]
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        return await read_whole(reader, topic, sorted(partitions), stall_s=stall_s)
+    finally:
+        await reader.stop()
+
+
+async def read_all(bootstrap: str, topic: str) -> list[bytes]:
+    """The values of every record ``topic`` holds now (tombstones left out)."""
+    return [m.value for m in await read_records(bootstrap, topic) if m.value is not None]
 
 
 @dataclass
@@ -186,7 +193,7 @@ async def check(bootstrap: str, prefix: str, sent: list[AgentCall | Completion])
         trajectories[t.trajectory_id] = t  # at-least-once: the same trajectory again is one
     recorded: set[str] = set()
     for topic in ("late-events", "dead-letters"):
-        for raw in await read_all(bootstrap, f"{prefix}.{topic}", idle_s=1.0):
+        for raw in await read_all(bootstrap, f"{prefix}.{topic}"):
             letter = codec.decode(raw)
             if isinstance(letter, DeadLetter):
                 try:
@@ -232,27 +239,16 @@ async def where_missing(bootstrap: str, group: str, prefix: str, problems: list[
     missing = {p.split()[1] for p in problems if " is in no trajectory" in p}
     codec = SchemaRegistry.default()
     topic = f"{prefix}.agent-events"
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
     found: dict[int, list[int]] = defaultdict(list)
     ends: dict[int, int] = {}
-    try:
-        idle_since = time.monotonic()
-        while time.monotonic() - idle_since < 4.0:
-            for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
-                idle_since = time.monotonic()
-                for m in msgs:
-                    ends[tp.partition] = m.offset + 1
-                    try:
-                        event = codec.decode(m.value) if m.value is not None else None
-                    except RecordError:
-                        continue
-                    if getattr(event, "event_id", None) in missing:
-                        found[tp.partition].append(m.offset)
-    finally:
-        await consumer.stop()
+    for m in await read_records(bootstrap, topic):
+        ends[m.partition] = m.offset + 1
+        try:
+            event = codec.decode(m.value) if m.value is not None else None
+        except RecordError:
+            continue
+        if getattr(event, "event_id", None) in missing:
+            found[m.partition].append(m.offset)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:

@@ -223,7 +223,7 @@ async def verify(
 ) -> ClusterVerdict:
     codec = SchemaRegistry.default()
     events: dict[str, AgentCall | Completion] = {}
-    for raw in await read_all(bootstrap, f"{prefix}.agent-events", idle_s=2.0):
+    for raw in await read_all(bootstrap, f"{prefix}.agent-events"):
         record = codec.decode(raw)
         if isinstance(record, AgentCall | Completion):
             events.setdefault(record.event_id, record)  # at-least-once: a repeat is one event
@@ -269,12 +269,12 @@ async def commit_problems(bootstrap: str, prefix: str) -> list[str]:
     """The commits count each acknowledged trajectory once."""
     codec = SchemaRegistry.default()
     acked = set()
-    for raw in await read_all(bootstrap, f"{prefix}.ledger", idle_s=1.0):
+    for raw in await read_all(bootstrap, f"{prefix}.ledger"):
         record = codec.decode(raw)
         if isinstance(record, FeedbackAck):
             acked.add(record.rewarded.trajectory_id)
     commits: dict[int, CommitRecord] = {}
-    for raw in await read_all(bootstrap, f"{prefix}.commits", idle_s=1.0):
+    for raw in await read_all(bootstrap, f"{prefix}.commits"):
         record = codec.decode(raw)
         if isinstance(record, CommitRecord):
             commits[record.commit_seq] = record

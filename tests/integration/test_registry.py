@@ -119,7 +119,7 @@ async def test_a_mixed_deployment_through_the_registry_is_readable_by_generic_re
             for i in range(10)
         ]
     topics = Topics(prefix, 4)
-    raw_events = await read_all(kafka_bootstrap, topics.agent_events, idle_s=1.0)
+    raw_events = await read_all(kafka_bootstrap, topics.agent_events)
     framings = {value[0] for value in raw_events}
     assert framings == {0x00, 0xC3}, "the events are in both encodings"
 
@@ -131,13 +131,13 @@ async def test_a_mixed_deployment_through_the_registry_is_readable_by_generic_re
     # what the worker wrote: the wire format, read without trajstream's codec
     reader = generic_reader(schema_registry)
     for topic, model in ((topics.trajectories, Trajectory), (topics.rewarded, RewardedTrajectory)):
-        values = await read_all(kafka_bootstrap, topic, idle_s=1.0)
+        values = await read_all(kafka_bootstrap, topic)
         assert values and all(v[0] == 0 for v in values), f"{topic}: Confluent's wire format"
         generic = [reader(v, SerializationContext(topic, MessageField.VALUE)) for v in values]
         ours = [codec.decode_as(v, model) for v in values]
         assert [g["call_id"] for g in generic] == [o.call_id for o in ours]
     calls = {s.call_id for s in sims}
-    trajectories = await read_all(kafka_bootstrap, topics.trajectories, idle_s=1.0)
+    trajectories = await read_all(kafka_bootstrap, topics.trajectories)
     assert {codec.decode_as(v, Trajectory).call_id for v in trajectories} == calls
 
     # fastavro alone, with the writer schema fetched by the id in the record: the union of
@@ -252,7 +252,7 @@ async def test_the_gateway_process_writes_the_wire_format(
         reader = generic_reader(schema_registry)
         values: list[bytes] = []
         for _ in range(40):
-            values = await read_all(kafka_bootstrap, topic, idle_s=1.0)
+            values = await read_all(kafka_bootstrap, topic)
             if len(values) >= 12:  # 3 calls x START, 2 steps, END
                 break
             await asyncio.sleep(0.5)
