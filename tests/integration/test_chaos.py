@@ -31,7 +31,7 @@ from .conftest import CACHE_DIR, Workers, base_env
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(360)
 async def test_rejoin_chaos_loses_nothing(
     kafka_bootstrap: str, prefix: str, standin: StandIn, workers: Any
 ) -> None:
@@ -47,7 +47,9 @@ async def test_rejoin_chaos_loses_nothing(
             traffic.stop.set()
             await task
     assert set(done) == {"sigterm", "sigkill", "scale-up", "scale-down"}, done
-    verdict = await settle(lambda: check(kafka_bootstrap, prefix, producer.sent), timeout=90)
+    # up to 150 s for the last calls to close: on a loaded CI machine the last rebalance and the
+    # check's reads take longer than here; each check that still finds problems is logged
+    verdict = await settle(lambda: check(kafka_bootstrap, prefix, producer.sent), timeout=150)
     print(f"chaos: {dict(done)}; {verdict}")
     if verdict.problems:
         print(await where_missing(kafka_bootstrap, prefix, prefix, verdict.problems))
