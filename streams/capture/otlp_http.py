@@ -11,7 +11,8 @@ encoding; 503 (with ``Retry-After``) when the records could not be published, so
 exporter retries. The answer is sent only once the broker has the records: what was answered
 200 is not lost, and what an exporter sends again is deduplicated by the workers.
 
-May import: aiohttp, the pure mapping (:mod:`.otlp`), the models, settings and errors.
+May import: aiohttp, the pure mapping (:mod:`.otlp`), the models, settings and errors,
+:mod:`streams.process`.
 Publishing is a callable given by the caller; only :func:`run_otlp` builds a Kafka producer.
 """
 
@@ -31,6 +32,7 @@ from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from ..models import AgentCall, Completion, TraceFragment, utcnow
+from ..process import keep_out_of_collections
 from ..settings import Settings
 from .otlp import (
     MissingParent,
@@ -288,6 +290,7 @@ async def run_otlp(
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, stop.set)
+                keep_out_of_collections()  # the process's own: what the start built stays
             await stop.wait()
         finally:
             await runner.cleanup()
