@@ -165,11 +165,17 @@ class Workers:
         return worker.start()
 
     def logs(self) -> str:
-        return "\n".join(
-            f"--- {w.log.name} ---\n{w.log.read_text(errors='replace')[-6000:]}"
-            for w in self.started
-            if w.log.exists()
-        )
+        """Each worker's warnings and errors (the last 40) and the end of its log."""
+        out = []
+        for w in self.started:
+            if not w.log.exists():
+                continue
+            text = w.log.read_text(errors="replace")
+            marked = [ln for ln in text.splitlines() if "[WARNING]" in ln or "[ERROR]" in ln]
+            out.append(f"--- {w.log.name}: {len(marked)} warning(s) and error(s) ---")
+            out.extend(ln[:300] for ln in marked[-40:])
+            out.append(f"--- {w.log.name}: its end ---\n{text[-6000:]}")
+        return "\n".join(out)
 
 
 def base_env(bootstrap: str, prefix: str, tmp_path: Path) -> dict[str, str]:
