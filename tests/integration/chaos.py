@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,16 +136,22 @@ async def run_rounds(
     return done
 
 
+@asynccontextmanager
+async def _admin(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        yield admin
+    finally:
+        await admin.close()
+
+
 async def read_records(bootstrap: str, topic: str, stall_s: float = 60.0) -> list[Any]:
     """Every record ``topic`` holds now, partition by partition: read up to the end offsets taken
     first (not until the topic has been quiet for a while, which a loaded broker's slow first
     fetch would end early, missing records that are there)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with _admin(bootstrap) as admin:
         described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
     partitions = [p["partition"] for d in described if d["topic"] == topic for p in d["partitions"]]
     reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await reader.start()
@@ -249,12 +256,8 @@ async def where_missing(bootstrap: str, group: str, prefix: str, problems: list[
             continue
         if getattr(event, "event_id", None) in missing:
             found[m.partition].append(m.offset)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with _admin(bootstrap) as admin:
         committed = await admin.list_consumer_group_offsets(group)
-    finally:
-        await admin.close()
     lines = []
     for tp, meta in sorted(committed.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
         if tp.topic != topic:
