@@ -1,4 +1,5 @@
-"""What a long-lived trajstream process (a worker, the gateway) does for itself once started.
+"""What a long-lived trajstream process (a worker, the gateway, the OTLP ingest) does for itself
+once started.
 
 :func:`keep_out_of_collections`: the objects of the start moved out of the cyclic garbage
 collector's generations.
