@@ -20,13 +20,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.codec import SchemaRegistry
 from streams.devtools.traffic import simulate_call
 from streams.errors import RecordError
-from streams.io.kafka import read_whole
+from streams.io import kafka
 from streams.models import AgentCall, CallPhase, Completion, DeadLetter, Trajectory
 from streams.sdk import TrajstreamProducer, new_id
 
@@ -138,7 +137,7 @@ async def run_rounds(
 
 @asynccontextmanager
 async def _admin(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = kafka.admin(bootstrap)
     await admin.start()
     try:
         yield admin
@@ -153,10 +152,10 @@ async def read_records(bootstrap: str, topic: str, stall_s: float = 60.0) -> lis
     async with _admin(bootstrap) as admin:
         described = await admin.describe_topics([topic])
     partitions = [p["partition"] for d in described if d["topic"] == topic for p in d["partitions"]]
-    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    reader = kafka.consumer(bootstrap)
     await reader.start()
     try:
-        return await read_whole(reader, topic, sorted(partitions), stall_s=stall_s)
+        return await kafka.read_whole(reader, topic, sorted(partitions), stall_s=stall_s)
     finally:
         await reader.stop()
 
