@@ -32,7 +32,8 @@ with nothing spilled while the broker is healthy; RSS flat (< 2%) over a 30-minu
 Also: ``--durability acked`` (the cost of answering only once the broker acknowledged),
 ``--rates`` (the open-loop phases), and the gateway's own overhead histogram
 (``trajstream_gateway_overhead_seconds`` on its /metrics: the time apart from the upstream's, by
-bucket) beside the difference of the two paths; ``--py-spy FILE`` profiles the gateway.
+bucket) beside the difference of the two paths; ``--py-spy FILE`` profiles the gateway
+(its serving process and its recorder).
 """
 
 from __future__ import annotations
@@ -292,7 +293,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if args.recorder:  # else the gateway's default (process)
             env["TRAJSTREAM_GATEWAY__RECORDER"] = args.recorder
         profiler = (
-            ["py-spy", "record", "--format", "raw", "--rate", "250", "-o", str(args.py_spy), "--"]
+            # --subprocesses: the recorder process too (its stacks under its own root frame)
+            [
+                *("py-spy", "record", "--subprocesses", "--format", "raw", "--rate", "250"),
+                *("-o", str(args.py_spy), "--"),
+            ]
             if args.py_spy
             else []
         )
@@ -527,8 +532,9 @@ if __name__ == "__main__":
         "--py-spy",
         type=Path,
         default=None,
-        help="run the gateway under `py-spy record --format raw` into this file (profiling: "
-        "its figures are not the gateway's own; RSS is then py-spy's)",
+        help="run the gateway under `py-spy record --subprocesses --format raw` into this file "
+        "(the serving process and its recorder, each under its own root frame; profiling: "
+        "the figures are not the gateway's own; RSS and CPU are then py-spy's)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()

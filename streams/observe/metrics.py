@@ -35,6 +35,7 @@ from ..models import (
     Selection,
     WindowSummary,
 )
+from .progress import ProgressWatch
 
 __all__ = ["CONTENT_TYPE", "METRICS", "Metrics", "lag_of"]
 
@@ -86,6 +87,8 @@ METRICS: dict[str, str] = {
     "trajstream_ready": "1 when partitions are assigned and the tables are recovered",
     "trajstream_recovery_stalled_seconds": "while the tables of an assignment recover: seconds "
     "since their recovery last read a record (0 otherwise)",
+    "trajstream_consumption_stalled_seconds": "per watched input partition with records "
+    "waiting: seconds since the group's committed offset last moved (absent when it moves)",
 }
 """Every metric name with what it counts (the README's table is this)."""
 
@@ -117,6 +120,8 @@ class Metrics:
         self._recovery_position: Callable[[], int] | None = None
         self._recovery_stall_s = math.inf
         self._recovery_at: tuple[int, float] | None = None  # (position, when it last moved)
+        self.progress = ProgressWatch(math.inf, clock=clock)
+        self._progress_watched = False
         r = self.registry
 
         def doc(name: str) -> str:
@@ -329,6 +334,7 @@ class Metrics:
         """A rebalance began: not ready until the next assignment has recovered its tables."""
         self._recovered = False
         self._recovery_at = None
+        self.progress.reset()
         self._ready_g.set(0)
 
     def partitions_assigned(self, assigned: Iterable[Any]) -> None:
@@ -359,6 +365,21 @@ class Metrics:
         not moved for ``stall_s`` seconds is stalled (:meth:`recovery_stalled`)."""
         self._recovery_position = position
         self._recovery_stall_s = stall_s
+
+    def watch_progress(self, stall_s: float) -> None:
+        """Judge the input partitions sampled with :meth:`consumption` (see
+        :mod:`.progress`): one with records waiting whose committed offset has not moved for
+        ``stall_s`` seconds is stalled (:meth:`consumption_stalled`)."""
+        self.progress.stall_s = stall_s
+        self._progress_watched = True
+
+    def consumption(self, offsets: Mapping[tuple[str, int], tuple[int | None, int | None]]) -> None:
+        """One sample of the watched partitions: ``(end offset, committed offset)`` each."""
+        self.progress.sample(offsets)
+
+    def consumption_stalled(self) -> str:
+        """The stalled partitions in words ("" when none is)."""
+        return self.progress.describe()
 
     def recovery_stuck_for(self) -> float:
         """Seconds since the recovery of the current assignment last moved (sampled now); 0
@@ -401,8 +422,8 @@ class Metrics:
 
 
 class _Derived(Collector):
-    """Values computed at scrape time: open calls, how long a recovery has not moved, and the
-    age of the last commit."""
+    """Values computed at scrape time: open calls, how long a recovery or a watched input
+    partition has not moved, and the age of the last commit."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
@@ -425,6 +446,15 @@ class _Derived(Collector):
                 METRICS["trajstream_recovery_stalled_seconds"],
             )
             family.add_metric([], m.recovery_stuck_for())
+            yield family
+        if m._progress_watched:
+            family = GaugeMetricFamily(
+                "trajstream_consumption_stalled_seconds",
+                METRICS["trajstream_consumption_stalled_seconds"],
+                labels=["topic", "partition"],
+            )
+            for (topic, partition), seconds in sorted(m.progress.stuck().items()):
+                family.add_metric([topic, str(partition)], seconds)
             yield family
         if m._last_commit is not None:
             family = GaugeMetricFamily(

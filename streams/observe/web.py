@@ -2,8 +2,10 @@
 
 ``GET /metrics``  the worker's registry in the Prometheus text format
 ``GET /healthz``  200 while the process answers (alive); 503 when the recovery of its tables
-                  has read nothing for ``observe.recovery_stall_s`` (stalled: a liveness probe
-                  restarts it)
+                  has read nothing for ``observe.recovery_stall_s``, or when a watched input
+                  partition has had records waiting without progress for
+                  ``observe.consumption_stall_s`` (:mod:`.progress`) (stalled: a liveness
+                  probe restarts it)
 ``GET /readyz``   200 once partitions are assigned and the tables recovered, else 503
 
 The port is bound synchronously by :meth:`ObserveServer.bind` before the worker connects to
@@ -121,6 +123,13 @@ class ObserveServer:
             reason = (
                 f"the tables' recovery has read nothing for {stalled:.0f} s "
                 "(observe.recovery_stall_s): restarting the worker lets another start it again"
+            )
+            return web.json_response({"status": "stalled", "reason": reason}, status=503)
+        stuck = self.metrics.consumption_stalled()
+        if stuck:
+            reason = (
+                f"input partitions make no progress ({stuck}; observe.consumption_stall_s): "
+                "restarting the worker makes the group hand them out again"
             )
             return web.json_response({"status": "stalled", "reason": reason}, status=503)
         return web.json_response({"status": "alive"})

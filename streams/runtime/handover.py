@@ -75,6 +75,9 @@ Test-only hooks (read once by :func:`install`; never set them in production):
   It sees ``Consumer.ack``, which Faust's Cython stream iterator inlines: run the worker with
   ``NO_CYTHON=1`` (Faust's own switch) for a complete log. The patch itself works on the
   bookkeeping both iterators share (``_acked``, ``_acked_index``, ``_gap``).
+- ``TESTONLY_TRAJSTREAM_DROP_FETCHED=<topic>:<partition>``: what the consumer fetches of that
+  partition never reaches the agents (a partition that makes no progress, as in
+  faust-streaming#629: for the progress watch, :mod:`streams.observe.progress`).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ _ENV_UNPATCHED = "TESTONLY_TRAJSTREAM_HANDOVER_UNPATCHED"
 _ENV_SEEK_DELAY = "TESTONLY_TRAJSTREAM_SEEK_DELAY_S"
 _ENV_AGENT_DELAY = "TESTONLY_TRAJSTREAM_AGENT_DELAY_S"
 _ENV_ACK_LOG = "TESTONLY_TRAJSTREAM_ACK_LOG"
+_ENV_DROP_FETCHED = "TESTONLY_TRAJSTREAM_DROP_FETCHED"
 
 _state: dict[str, Any] = {"patched": False, "hooks": False}
 
@@ -409,6 +413,19 @@ def _install_test_hooks(env: Mapping[str, str]) -> None:
     seek_delay = float(env.get(_ENV_SEEK_DELAY) or 0)
     agent_delay = float(env.get(_ENV_AGENT_DELAY) or 0)
     ack_log = env.get(_ENV_ACK_LOG)
+    drop = env.get(_ENV_DROP_FETCHED)
+    if drop:
+        from faust.transport.consumer import ThreadDelegateConsumer
+
+        topic, _, partition = drop.rpartition(":")
+        dropped = (topic, int(partition))
+        original_getmany = ThreadDelegateConsumer._getmany
+
+        async def _getmany(self: Any, active_partitions: Any, timeout: float) -> Any:
+            records = await original_getmany(self, active_partitions, timeout)
+            return {tp: r for tp, r in records.items() if (tp.topic, tp.partition) != dropped}
+
+        ThreadDelegateConsumer._getmany = _getmany  # type: ignore[method-assign]
     if seek_delay > 0:
         from faust.transport.consumer import ThreadDelegateConsumer
 

@@ -180,6 +180,7 @@ class Pipeline(Closing):
         )
         o = settings.observe
         self.metrics.watch_recovery(lambda: recovery_position(self.app), o.recovery_stall_s)
+        self.metrics.watch_progress(o.consumption_stall_s)
         pages = StatusPages(settings, bootstrap).routes if o.status_page else None
         self.server = ObserveServer(self.metrics, o.host, o.port, routes=pages) if o.port else None
         if self.server is not None:
@@ -350,6 +351,7 @@ class Pipeline(Closing):
         @app.timer(s.observe.lag_interval_s)
         async def lag_sampler() -> None:
             self.metrics.consumer_lag(_consumer_lag(app.consumer))
+            await sample_progress(app.consumer, self.metrics, self.topics.agent_events)
 
         @app.on_partitions_revoked.connect
         async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
@@ -410,13 +412,38 @@ class Pipeline(Closing):
         return out
 
 
-
 def recovery_position(app: faust.App) -> int:
     """How far the tables' recovery has read: the sum of its changelog offsets, active and
     standby (it changes whenever the recovery reads a record)."""
     recovery = app.tables.recovery
     offsets = (*recovery.active_offsets.values(), *recovery.standby_offsets.values())
     return sum(max(0, offset) for offset in offsets)
+
+
+async def sample_progress(consumer: Any, metrics: Metrics, topic: str) -> None:
+    """One sample of the assigned partitions of ``topic`` for the progress watch
+    (:mod:`streams.observe.progress`): their end offsets, asked of the broker (the fetcher's
+    own highwater is not known for a partition it never fetched), and the group's committed
+    offsets; a stalled one is logged each time. While the tables recover, or when the broker
+    cannot say, nothing is judged (the watch starts afresh)."""
+    if not metrics.recovered:
+        metrics.progress.reset()
+        return
+    try:
+        tps = [tp for tp in consumer.assignment() if tp.topic == topic]
+        ends = await asyncio.wait_for(consumer.highwaters(*tps), 10.0) if tps else {}
+    except Exception:  # mid-rebalance, or the broker unreachable: counts as moving
+        metrics.progress.reset()
+        return
+    committed = getattr(consumer, "_committed_offset", {})
+    metrics.consumption({(tp.topic, tp.partition): (ends.get(tp), committed.get(tp)) for tp in tps})
+    stuck = metrics.consumption_stalled()
+    if stuck:
+        log.warning(
+            "input partitions make no progress: %s (observe.consumption_stall_s); /healthz "
+            "answers 503 until they move, so that a liveness probe restarts this worker",
+            stuck,
+        )
 
 
 def _consumer_lag(consumer: Any) -> dict[tuple[str, int], int]:

@@ -74,6 +74,12 @@ class ObserveSettings(Section):
         description="a worker whose tables' recovery (after an assignment) has read nothing for "
         "this long answers 503 on /healthz, so that a liveness probe restarts it",
     )
+    consumption_stall_s: PositiveFloat = Field(
+        default=120.0,
+        description="a worker with records waiting on a partition of <p>.agent-events whose "
+        "committed offset has not moved for this long (a consumer stuck after a rebalance) logs "
+        "it and answers 503 on /healthz, so that a liveness probe restarts it",
+    )
     status_page: bool = Field(
         default=False,
         description="also serve the status page (/, /calls/..., /status.json) on that port",

@@ -218,6 +218,72 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
     assert "no workers in consumer group" in out
 
 
+async def test_a_partition_that_makes_no_progress_fails_health(
+    kafka_bootstrap, prefix, standin, workers
+):
+    """faust-streaming#629's shape: a partition assigned whose records never reach the stage
+    (a test hook drops what the consumer fetches of it). Its neighbour moves; it stands still
+    with a record waiting, and /healthz says so once observe.consumption_stall_s has passed."""
+    port = _free_port()
+    topic = f"{prefix}.agent-events"
+    worker = workers(
+        TRAJSTREAM_TRINITY__URL=standin.url,
+        TRAJSTREAM_OBSERVE__HOST="127.0.0.1",
+        TRAJSTREAM_OBSERVE__PORT=port,
+        TRAJSTREAM_OBSERVE__LAG_INTERVAL_S=1,
+        TRAJSTREAM_OBSERVE__CONSUMPTION_STALL_S=4,
+        TESTONLY_TRAJSTREAM_DROP_FETCHED=f"{topic}:0",
+    )
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+
+        async def get(path: str) -> httpx.Response | None:
+            try:
+                return await client.get(path)
+            except httpx.TransportError:
+                return None
+
+        ready = None
+        for _ in range(150):
+            ready = await get("/readyz")
+            if ready is not None and ready.status_code == 200:
+                break
+            await asyncio.sleep(0.2)
+        assert ready is not None and ready.status_code == 200, "the worker never became ready"
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:  # one undecodable record on each: a dead letter where the stage reads it
+            for partition in (0, 1):
+                await producer.send_and_wait(topic, b"not avro", key=b"junk", partition=partition)
+        finally:
+            await producer.stop()
+
+        health = None
+        for _ in range(150):
+            health = await get("/healthz")
+            if health is not None and health.status_code == 503:
+                break
+            assert health is None or health.status_code == 200, health
+            await asyncio.sleep(0.2)
+        assert health is not None and health.status_code == 503, "never reported as stalled"
+        reason = health.json()["reason"]
+        assert f"{topic}[0]: 1 records waiting at offset 0, not moved for" in reason, reason
+        assert f"{topic}[1]" not in reason  # it moved: its record was read (a dead letter)
+        samples = await _scrape(url)
+        assert _sum(samples, "trajstream_dead_letters_total", stage="assemble") == 1
+        stalled = {
+            dict(ls)["partition"]: v
+            for (n, ls), v in samples.items()
+            if n == "trajstream_consumption_stalled_seconds"
+        }
+        assert set(stalled) == {"0"} and stalled["0"] >= 4
+    await wait_for(
+        lambda: "input partitions make no progress" in worker.log.read_text(errors="replace"),
+        30,
+        "the warning in the worker's log",
+    )
+
+
 @pytest.mark.skipif(
     CHROMIUM is None,
     reason="no chromium on PATH: install Debian's chromium (./dev test does when run as root)",

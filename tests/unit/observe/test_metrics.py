@@ -24,6 +24,7 @@ def test_every_metric_is_documented_and_every_documented_one_exposed():
     m = Metrics(worker="w", app_id="a", clock=lambda: 100.0)
     m.watch_open_calls(lambda: 2)
     m.watch_recovery(lambda: 0, stall_s=300)
+    m.watch_progress(stall_s=120)
     m.ledger(LedgerState(last_commit=T0))  # the derived gauges appear once they have a value
     suffix = {"counter": "_total", "info": "_info"}
     exposed = {f.name + suffix.get(f.type, "") for f in m.registry.collect()}

@@ -127,3 +127,36 @@ def test_the_recovery_position_is_read_from_fausts_recovery():
     recovery.active_offsets[TP("c", 1)] = -1  # nothing read yet
     recovery.standby_offsets[TP("c", 2)] = 9
     assert recovery_position(app) == 50
+
+
+async def test_health_is_503_while_a_watched_partition_makes_no_progress():
+    now = [1000.0]
+    metrics = Metrics(inputs=["p.agent-events"], clock=lambda: now[0])
+    metrics.watch_progress(stall_s=120)
+    metrics.partitions_assigned([TP("p.agent-events", 0)])
+    metrics.tables_recovered()
+    server = ObserveServer(metrics, "127.0.0.1", 0)
+    url = await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+            metrics.consumption({("p.agent-events", 0): (40, 7)})
+            now[0] += 119
+            assert (await client.get("/healthz")).status_code == 200
+            scraped = (await client.get("/metrics")).text
+            line = 'trajstream_consumption_stalled_seconds{partition="0",topic="p.agent-events"}'
+            assert f"{line} 119.0" in scraped
+            now[0] += 1
+            stalled = await client.get("/healthz")
+            assert stalled.status_code == 503
+            body = stalled.json()
+            assert body["status"] == "stalled"
+            assert "p.agent-events[0]: 33 records waiting at offset 7" in body["reason"]
+            assert "observe.consumption_stall_s" in body["reason"]
+            metrics.consumption({("p.agent-events", 0): (40, 8)})  # it moved
+            assert (await client.get("/healthz")).status_code == 200
+            now[0] += 500
+            metrics.partitions_revoked()  # a rebalance: judged afresh after it
+            assert (await client.get("/healthz")).status_code == 200
+            assert line not in (await client.get("/metrics")).text
+    finally:
+        await server.stop()
