@@ -110,6 +110,27 @@ async def _cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
+    """GET ``url``; None while the worker's server does not answer (not up yet, or gone)."""
+    try:
+        return await client.get(url)
+    except httpx.TransportError:
+        return None
+
+
+async def _until(client: httpx.AsyncClient, url: str, status: int, other: int) -> httpx.Response:
+    """Poll ``url`` (for up to 30 s) until it answers ``status``; until then it may answer
+    ``other`` or nothing. Returns that answer."""
+    answer = None
+    for _ in range(150):
+        answer = await _get(client, url)
+        if answer is not None and answer.status_code == status:
+            return answer
+        assert answer is None or answer.status_code == other, answer
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{url} never answered {status} (last: {answer})")
+
+
 async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin, workers):
     port = _free_port()
     worker = workers(
@@ -123,23 +144,9 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
     )
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(timeout=5) as client:
-
-        async def get(path: str) -> httpx.Response | None:
-            try:
-                return await client.get(url + path)
-            except httpx.TransportError:
-                return None
-
-        ready = None
-        for _ in range(150):
-            ready = await get("/readyz")
-            if ready is not None and ready.status_code == 200:
-                break
-            assert ready is None or ready.status_code == 503, ready
-            await asyncio.sleep(0.2)
-        assert ready is not None and ready.status_code == 200, "the worker never became ready"
+        ready = await _until(client, f"{url}/readyz", 200, 503)
         assert ready.json()["assigned_partitions"] == 4 * 6 + 1  # 6 keyed inputs + the ledger
-        alive = await get("/healthz")
+        alive = await _get(client, f"{url}/healthz")
         assert alive is not None and alive.status_code == 200
 
     sims = await _traffic(kafka_bootstrap, prefix, standin, calls=8)
@@ -235,21 +242,8 @@ async def test_a_partition_that_makes_no_progress_fails_health(
         TESTONLY_TRAJSTREAM_DROP_FETCHED=f"{topic}:0",
     )
     url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(base_url=url, timeout=5) as client:
-
-        async def get(path: str) -> httpx.Response | None:
-            try:
-                return await client.get(path)
-            except httpx.TransportError:
-                return None
-
-        ready = None
-        for _ in range(150):
-            ready = await get("/readyz")
-            if ready is not None and ready.status_code == 200:
-                break
-            await asyncio.sleep(0.2)
-        assert ready is not None and ready.status_code == 200, "the worker never became ready"
+    async with httpx.AsyncClient(timeout=5) as client:
+        await _until(client, f"{url}/readyz", 200, 503)
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
         try:  # one undecodable record on each: a dead letter where the stage reads it
@@ -258,14 +252,7 @@ async def test_a_partition_that_makes_no_progress_fails_health(
         finally:
             await producer.stop()
 
-        health = None
-        for _ in range(150):
-            health = await get("/healthz")
-            if health is not None and health.status_code == 503:
-                break
-            assert health is None or health.status_code == 200, health
-            await asyncio.sleep(0.2)
-        assert health is not None and health.status_code == 503, "never reported as stalled"
+        health = await _until(client, f"{url}/healthz", 503, 200)  # stalled, alive before
         reason = health.json()["reason"]
         assert f"{topic}[0]: 1 records waiting at offset 0, not moved for" in reason, reason
         assert f"{topic}[1]" not in reason  # it moved: its record was read (a dead letter)
