@@ -10,6 +10,7 @@ Bounded in rounds and in time; everything it starts is stopped by it, also on fa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import subprocess
 import sys
@@ -20,8 +21,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams.broker import free_port
 from streams.codec import SchemaRegistry
 from streams.devtools.traffic import simulate_call
 from streams.errors import RecordError
@@ -63,6 +66,56 @@ def worker_env(trinity_url: str, **extra: Any) -> dict[str, Any]:
         "BROKER_SESSION_TIMEOUT": 10,  # a killed worker's partitions move on in seconds
         **extra,
     }
+
+
+class Liveness:
+    """A liveness probe, as a deployment has one (README, "Metrics and health"): every
+    ``every`` seconds it asks each running worker's ``/healthz``; a worker that answers 503
+    (its tables' recovery has read nothing for ``observe.recovery_stall_s``, or a partition of
+    agent-events has stopped moving for ``observe.consumption_stall_s``) is stopped (SIGTERM,
+    SIGKILL if it hangs) and started again, as Kubernetes restarts a container that fails its
+    probe. Faust can leave a worker's recovery waiting forever for changelog partitions it was
+    just assigned (seen in CI: "No event received for active tp ... since recovery start"); the
+    restart is the documented remedy, and the check after it still finds any loss.
+    :attr:`restarts` says which workers were restarted, and why."""
+
+    def __init__(self, every: float = 2.0, log: Callable[[str], None] = print) -> None:
+        self.every = every
+        self.log = log
+        self.workers: list[tuple[Any, str]] = []  # (a WorkerProcess, its /healthz)
+        self.restarts: list[str] = []
+
+    def spawner(self, spawn: Callable[..., Any]) -> Callable[[], Any]:
+        """``spawn`` (the ``workers`` fixture), each worker with a /healthz of its own, probed."""
+
+        def start() -> Any:
+            port = free_port()
+            worker = spawn(TRAJSTREAM_OBSERVE__HOST="127.0.0.1", TRAJSTREAM_OBSERVE__PORT=port)
+            self.workers.append((worker, f"http://127.0.0.1:{port}/healthz"))
+            return worker
+
+        return start
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Probe until ``stop`` is set."""
+        async with httpx.AsyncClient(timeout=2) as client:
+            while not stop.is_set():
+                for worker, url in list(self.workers):
+                    if not worker.alive:
+                        continue
+                    try:
+                        answer = await client.get(url)
+                    except httpx.HTTPError:  # starting, or stopping: not an answer
+                        continue
+                    if answer.status_code != 503 or not worker.alive:
+                        continue
+                    reason = answer.json().get("reason", "")
+                    self.restarts.append(f"{worker.log.name}: {reason}")
+                    self.log(f"liveness: {worker.log.name} answered 503 ({reason}): restarted")
+                    await asyncio.to_thread(worker.stop)
+                    worker.start()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.every)
 
 
 def cpu_load(seconds: float, n: int = 1) -> list[subprocess.Popen[bytes]]:

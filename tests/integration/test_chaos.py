@@ -18,6 +18,7 @@ from streams.broker import LocalBroker
 from streams.standin import StandIn
 
 from .chaos import (
+    Liveness,
     RecordingProducer,
     Traffic,
     check,
@@ -35,22 +36,41 @@ pytestmark = pytest.mark.integration
 async def test_rejoin_chaos_loses_nothing(
     kafka_bootstrap: str, prefix: str, standin: StandIn, workers: Any
 ) -> None:
-    env = worker_env(standin.url)
-    async with RecordingProducer(kafka_bootstrap, topic_prefix=prefix) as producer:
-        traffic = Traffic(producer)
-        task = asyncio.create_task(traffic.run(pause=0.15, seed=14))
-        try:
-            done = await run_rounds(
-                lambda: workers(**env), rounds=8, seconds=110, round_s=9, traffic=traffic, load=1
-            )
-        finally:
-            traffic.stop.set()
-            await task
-    assert set(done) == {"sigterm", "sigkill", "scale-up", "scale-down"}, done
-    # up to 150 s for the last calls to close: on a loaded CI machine the last rebalance and the
-    # check's reads take longer than here; each check that still finds problems is logged
-    verdict = await settle(lambda: check(kafka_bootstrap, prefix, producer.sent), timeout=150)
-    print(f"chaos: {dict(done)}; {verdict}")
+    # the workers as deployed: a liveness probe on /healthz restarts a stalled one (limits
+    # shorter than the defaults, so that a restart fits in the run)
+    env = worker_env(
+        standin.url,
+        TRAJSTREAM_OBSERVE__RECOVERY_STALL_S=20,
+        TRAJSTREAM_OBSERVE__CONSUMPTION_STALL_S=30,
+        TRAJSTREAM_OBSERVE__LAG_INTERVAL_S=2,
+    )
+    probe = Liveness()
+    probing = asyncio.Event()
+    prober = asyncio.create_task(probe.run(probing))
+    try:
+        async with RecordingProducer(kafka_bootstrap, topic_prefix=prefix) as producer:
+            traffic = Traffic(producer)
+            task = asyncio.create_task(traffic.run(pause=0.15, seed=14))
+            try:
+                done = await run_rounds(
+                    probe.spawner(lambda **kw: workers(**env, **kw)),
+                    rounds=8,
+                    seconds=110,
+                    round_s=9,
+                    traffic=traffic,
+                    load=1,
+                )
+            finally:
+                traffic.stop.set()
+                await task
+        assert set(done) == {"sigterm", "sigkill", "scale-up", "scale-down"}, done
+        # up to 150 s for the last calls to close: on a loaded CI machine the last rebalance and
+        # the check's reads take longer than here; each check that still finds problems is logged
+        verdict = await settle(lambda: check(kafka_bootstrap, prefix, producer.sent), timeout=150)
+    finally:
+        probing.set()
+        await prober
+    print(f"chaos: {dict(done)}; {verdict}; liveness restarts: {probe.restarts or 'none'}")
     if verdict.problems:
         print(await where_missing(kafka_bootstrap, prefix, prefix, verdict.problems))
     assert verdict.calls >= 50

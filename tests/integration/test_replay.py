@@ -104,7 +104,10 @@ async def traffic(
                 agent=agents[i % len(agents)],
                 mark=i % 6 == 0,
                 fail=i % 5 == 4,
-                rating=float(rng.randint(1, 5)) if i % 2 else None,
+                # the marked calls (always selected) are rated 5: "some feedback was attached"
+                # below must not depend on which random call ids the sampling picks (rated 3 is
+                # 0.5, as no feedback is; 5 of the 15 others are rated 3)
+                rating=5.0 if i % 6 == 0 else float(rng.randint(1, 5)) if i % 2 else None,
             )
             for i in range(calls)
         ]
