@@ -31,7 +31,8 @@ Partition = tuple[str, int]
 class ProgressWatch:
     """Per partition: since when records have waited without the committed offset moving.
 
-    ``clock`` is monotonic seconds (a seam for tests)."""
+    ``clock`` gives the time in seconds (the worker's metrics pass the wall clock; a seam for
+    tests)."""
 
     def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.stall_s = stall_s
