@@ -427,13 +427,13 @@ async def sample_progress(consumer: Any, metrics: Metrics, topic: str) -> None:
     offsets; a stalled one is logged each time. While the tables recover, or when the broker
     cannot say, nothing is judged (the watch starts afresh)."""
     if not metrics.recovered:
-        metrics.progress.reset()
+        metrics.consumption({})  # nothing watched: judged afresh from the next sample
         return
     try:
         tps = [tp for tp in consumer.assignment() if tp.topic == topic]
         ends = await asyncio.wait_for(consumer.highwaters(*tps), 10.0) if tps else {}
     except Exception:  # mid-rebalance, or the broker unreachable: counts as moving
-        metrics.progress.reset()
+        metrics.consumption({})  # nothing watched: judged afresh from the next sample
         return
     committed = getattr(consumer, "_committed_offset", {})
     metrics.consumption({(tp.topic, tp.partition): (ends.get(tp), committed.get(tp)) for tp in tps})
