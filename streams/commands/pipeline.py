@@ -53,6 +53,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from ..runtime.live import Pipeline
     from ..runtime.worker import (
         BoundedWorker,
+        exit_on_stall,
         install_allocator_limits,
         install_log_limits,
         install_metadata_backoff,
@@ -107,6 +108,15 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         loop=loop,
         stop_timeout_s=settings.stop_timeout_s,
     )
+    if settings.observe.exit_after_stall_s:  # a task of its own: Faust's timers wait for recovery
+        loop.create_task(
+            exit_on_stall(
+                pipeline.metrics.stall_reason,
+                settings.observe.exit_after_stall_s,
+                worker.stop_stalled,
+                every_s=min(5.0, settings.observe.lag_interval_s),
+            )
+        )
     worker.execute_from_commandline()  # exits the process when the worker stops
     return 0
 

@@ -402,6 +402,23 @@ class Metrics:
         stuck = self.recovery_stuck_for()
         return stuck if stuck >= self._recovery_stall_s else None
 
+    def stall_reason(self) -> str | None:
+        """Why this worker is stalled in a way a restart cures (what ``/healthz`` answers 503
+        with, and what the worker's exit on a lasting stall logs), or None."""
+        stalled = self.recovery_stalled()
+        if stalled is not None:
+            return (
+                f"the tables' recovery has read nothing for {stalled:.0f} s "
+                "(observe.recovery_stall_s): restarting the worker lets another start it again"
+            )
+        stuck = self.consumption_stalled()
+        if stuck:
+            return (
+                f"input partitions make no progress ({stuck}; observe.consumption_stall_s): "
+                "restarting the worker makes the group hand them out again"
+            )
+        return None
+
     @property
     def assigned(self) -> frozenset[tuple[str, int]]:
         return self._assigned

@@ -118,19 +118,8 @@ class ObserveServer:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        stalled = self.metrics.recovery_stalled()
-        if stalled is not None:
-            reason = (
-                f"the tables' recovery has read nothing for {stalled:.0f} s "
-                "(observe.recovery_stall_s): restarting the worker lets another start it again"
-            )
-            return web.json_response({"status": "stalled", "reason": reason}, status=503)
-        stuck = self.metrics.consumption_stalled()
-        if stuck:
-            reason = (
-                f"input partitions make no progress ({stuck}; observe.consumption_stall_s): "
-                "restarting the worker makes the group hand them out again"
-            )
+        reason = self.metrics.stall_reason()
+        if reason is not None:
             return web.json_response({"status": "stalled", "reason": reason}, status=503)
         return web.json_response({"status": "alive"})
 

@@ -19,6 +19,12 @@ flush to a broker that is not there). Here:
   ``stop_timeout_s``; past it the process exits at once (code 1), as a SIGKILL would end it.
   That commits nothing: offsets not committed are read again by the next owner (delivery is
   at-least-once and every effect is idempotent), and a write-ahead commit is resolved by it.
+- :func:`exit_on_stall` and :meth:`BoundedWorker.stop_stalled`: a worker whose ``/healthz`` has
+  answered 503 (its tables' recovery, or an input partition, stalled: faust-streaming's hangs
+  after a rebalance) for ``observe.exit_after_stall_s`` stops itself with :data:`EX_STALLED`,
+  so that a restart policy starts it again where no liveness probe watches it (Docker Compose,
+  systemd). The watch is a task of its own on the worker's loop: Faust's timers start only
+  once the first recovery has finished, which is the hang it must see.
 - :func:`install_allocator_limits` and :meth:`BoundedWorker.heap_trimmer`: glibc's malloc set for
   a long-lived process, and the free memory it keeps handed back to the system now and then
   (see :func:`install_allocator_limits` for what was measured).
@@ -39,6 +45,7 @@ import hashlib
 import inspect
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -51,12 +58,18 @@ import faust
 from ..process import keep_out_of_collections
 
 __all__ = [
+    "EX_STALLED",
     "BoundedWorker",
     "Repeats",
+    "exit_on_stall",
     "install_allocator_limits",
     "install_log_limits",
     "install_metadata_backoff",
 ]
+
+EX_STALLED = 75
+"""The worker's exit status after it stopped itself for a lasting stall (EX_TEMPFAIL: try
+again; :func:`exit_on_stall`)."""
 
 log = logging.getLogger("trajstream")
 
@@ -241,6 +254,7 @@ class BoundedWorker(faust.Worker):
         self.spinner = None
         self.stop_timeout_s = stop_timeout_s
         self._watchdog: threading.Timer | None = None
+        self.exit_status = 0
 
     async def on_startup_finished(self) -> None:
         """Once the app has started: its objects out of the collector's generations
@@ -255,6 +269,28 @@ class BoundedWorker(faust.Worker):
         with the process otherwise. A trim blocks the loop for about 10 ms per 100 MiB of
         fragmented heap (measured: 106 ms for 1.2 GiB; a worker's heap is about 50 MiB)."""
         trim_heap()
+
+    def execute_from_commandline(self) -> Any:
+        """Faust's, but the process exits with :attr:`exit_status` when one was set (mode's
+        worker exits 0 after any stop)."""
+        try:
+            super().execute_from_commandline()
+        except SystemExit as exc:
+            if self.exit_status and not exc.code:
+                raise SystemExit(self.exit_status) from None
+            raise
+
+    def stop_stalled(self, reason: str) -> None:
+        """Stop the worker for a lasting stall (:func:`exit_on_stall`): the graceful stop of
+        SIGTERM (bounded by ``stop_timeout_s``), then exit status :data:`EX_STALLED`."""
+        log.error(
+            "stalled for observe.exit_after_stall_s: %s; stopping this worker (exit status %d) "
+            "so that whatever runs it starts it again",
+            reason,
+            EX_STALLED,
+        )
+        self.exit_status = EX_STALLED
+        self._schedule_shutdown(signal.SIGTERM)
 
     def _schedule_shutdown(self, signal: Any) -> None:
         if self._watchdog is None:
@@ -277,3 +313,31 @@ class BoundedWorker(faust.Worker):
                 pass
         sys.stderr.flush()
         os._exit(1)
+
+
+async def exit_on_stall(
+    stall_reason: Callable[[], str | None],
+    after_s: float,
+    stop: Callable[[str], None],
+    *,
+    every_s: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+) -> None:
+    """Ask ``stall_reason`` every ``every_s`` seconds (``Metrics.stall_reason``: what
+    ``/healthz`` answers 503 with); once it has named a stall at every ask for ``after_s``
+    seconds, call ``stop`` with the last reason and return. A stall that clears starts the
+    count afresh."""
+    since: float | None = None
+    while True:
+        await sleep(every_s)
+        reason = stall_reason()
+        now = clock()
+        if reason is None:
+            since = None
+            continue
+        if since is None:
+            since = now
+        if now - since >= after_s:
+            stop(reason)
+            return

@@ -80,6 +80,14 @@ class ObserveSettings(Section):
         "committed offset has not moved for this long (a consumer stuck after a rebalance) logs "
         "it and answers 503 on /healthz, so that a liveness probe restarts it",
     )
+    exit_after_stall_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="a worker whose /healthz has answered 503 (one of the two stalls above) for "
+        "this long stops itself with exit status 75, so that whatever runs it (a restart "
+        "policy, systemd, Kubernetes) starts it again, with or without a liveness probe, and "
+        "the group hands its partitions out again meanwhile; 0: never",
+    )
     status_page: bool = Field(
         default=False,
         description="also serve the status page (/, /calls/..., /status.json) on that port",

@@ -225,12 +225,14 @@ async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin
     assert "no workers in consumer group" in out
 
 
-async def test_a_partition_that_makes_no_progress_fails_health(
+async def test_a_partition_that_makes_no_progress_fails_health_then_stops_the_worker(
     kafka_bootstrap, prefix, standin, workers
 ):
     """faust-streaming#629's shape: a partition assigned whose records never reach the stage
     (a test hook drops what the consumer fetches of it). Its neighbour moves; it stands still
-    with a record waiting, and /healthz says so once observe.consumption_stall_s has passed."""
+    with a record waiting, and /healthz says so once observe.consumption_stall_s has passed;
+    observe.exit_after_stall_s later the worker stops itself, exit status 75, for whatever runs
+    it to start it again."""
     port = _free_port()
     topic = f"{prefix}.agent-events"
     worker = workers(
@@ -239,6 +241,7 @@ async def test_a_partition_that_makes_no_progress_fails_health(
         TRAJSTREAM_OBSERVE__PORT=port,
         TRAJSTREAM_OBSERVE__LAG_INTERVAL_S=1,
         TRAJSTREAM_OBSERVE__CONSUMPTION_STALL_S=4,
+        TRAJSTREAM_OBSERVE__EXIT_AFTER_STALL_S=10,
         TESTONLY_TRAJSTREAM_DROP_FETCHED=f"{topic}:0",
     )
     url = f"http://127.0.0.1:{port}"
@@ -269,6 +272,11 @@ async def test_a_partition_that_makes_no_progress_fails_health(
         30,
         "the warning in the worker's log",
     )
+    assert worker.proc is not None
+    status = await asyncio.to_thread(worker.proc.wait, 60)
+    assert status == 75, worker.log.read_text(errors="replace")[-3000:]
+    log_text = worker.log.read_text(errors="replace")
+    assert "stalled for observe.exit_after_stall_s: input partitions make no progress" in log_text
 
 
 @pytest.mark.skipif(

@@ -194,3 +194,24 @@ def test_a_comparison_and_a_routing_change_are_exposed():
     assert got[("trajstream_routing_share", (("agent", "researcher"),))] == 0.3
     changes = ("trajstream_routing_changes_total", (("action", "promote"), ("agent", "researcher")))
     assert got[changes] == 1
+
+
+def test_the_stall_reason_is_what_health_and_the_exit_on_stall_say():
+    now = [1000.0]
+    position = [0]
+    metrics = Metrics(inputs=["p.agent-events"], clock=lambda: now[0])
+    metrics.watch_recovery(lambda: position[0], stall_s=300)
+    metrics.watch_progress(stall_s=120)
+    metrics.partitions_assigned([TP("p.agent-events", 0)])
+    assert metrics.stall_reason() is None  # recovering, and moving
+    now[0] += 300
+    assert "recovery has read nothing for 300 s (observe.recovery_stall_s)" in str(
+        metrics.stall_reason()
+    )
+    metrics.tables_recovered()
+    metrics.consumption({("p.agent-events", 0): (40, 7)})
+    assert metrics.stall_reason() is None
+    now[0] += 120
+    reason = str(metrics.stall_reason())
+    assert "p.agent-events[0]: 33 records waiting at offset 7" in reason
+    assert "observe.consumption_stall_s" in reason

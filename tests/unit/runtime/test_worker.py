@@ -3,7 +3,9 @@ that back off, a stop that ends."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 
 import pytest
 
@@ -147,3 +149,75 @@ async def test_once_started_the_worker_moves_the_start_out_of_collections(
     w = worker.BoundedWorker(app, loglevel="warn", quiet=True, stop_timeout_s=3)
     await w.on_startup_finished()
     assert froze == [True]
+
+
+class _Clock:
+    """A clock that the fake sleep moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_stall_that_lasts_stops_the_worker_with_its_reason() -> None:
+    clock = _Clock()
+    answers = iter([None, "stuck A", "stuck A", None, "stuck B", "stuck B", "stuck B", "stuck C"])
+    stopped: list[tuple[float, str]] = []
+    await asyncio.wait_for(
+        worker.exit_on_stall(
+            lambda: next(answers),
+            10,
+            lambda reason: stopped.append((clock.now, reason)),
+            every_s=5,
+            clock=clock,
+            sleep=clock.sleep,
+        ),
+        5,
+    )
+    # A lasted 5 s and cleared: counted afresh; B was seen at 25, 30, 35: 10 s at 35
+    assert stopped == [(35.0, "stuck B")]
+
+
+async def test_no_stall_no_stop() -> None:
+    clock = _Clock()
+    asks: list[float] = []
+
+    def reason() -> None:
+        asks.append(clock.now)
+        if len(asks) == 50:
+            raise asyncio.CancelledError  # the worker's stop cancels the task
+        return None
+
+    with pytest.raises(asyncio.CancelledError):
+        await worker.exit_on_stall(
+            reason, 10, lambda r: pytest.fail(r), every_s=5, clock=clock, sleep=clock.sleep
+        )
+    assert asks[-1] == 250.0
+
+
+def test_a_worker_stopped_for_a_stall_exits_with_its_own_status(monkeypatch) -> None:
+    import faust
+
+    app = faust.App("t-stall-exit", broker="kafka://127.0.0.1:9")
+    w = worker.BoundedWorker(app, loglevel="warn", quiet=True, stop_timeout_s=3)
+    scheduled: list[object] = []
+    monkeypatch.setattr(w, "_schedule_shutdown", scheduled.append)
+
+    def stopped_by_mode() -> None:  # mode's worker exits 0 after any stop
+        raise SystemExit(0)
+
+    monkeypatch.setattr(faust.Worker, "execute_from_commandline", lambda self: stopped_by_mode())
+    with pytest.raises(SystemExit) as plain:
+        w.execute_from_commandline()
+    assert plain.value.code == 0  # a stop for any other reason keeps its status
+
+    w.stop_stalled("input partitions make no progress (...)")
+    assert scheduled == [signal.SIGTERM]  # the graceful stop, bounded by stop_timeout_s
+    with pytest.raises(SystemExit) as stalled:
+        w.execute_from_commandline()
+    assert stalled.value.code == worker.EX_STALLED == 75
