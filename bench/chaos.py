@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streams.broker import LocalBroker
 from streams.standin import StandIn
 from tests.integration.chaos import (
+    Liveness,
     RecordingProducer,
     Traffic,
     check,
@@ -54,6 +55,9 @@ async def main(args: argparse.Namespace) -> int:
         **{k: str(v) for k, v in worker_env(standin.url).items()},
     )
     pool = Workers(env, tmp)
+    probe = Liveness()  # as deployed: a liveness probe restarts a stalled worker
+    probing = asyncio.Event()
+    prober = asyncio.create_task(probe.run(probing))
     started = time.monotonic()
     try:
         async with RecordingProducer(bootstrap, topic_prefix=prefix) as producer:
@@ -61,7 +65,7 @@ async def main(args: argparse.Namespace) -> int:
             task = asyncio.create_task(traffic.run(pause=args.pause, seed=args.seed))
             try:
                 done = await run_rounds(
-                    pool.spawn,
+                    probe.spawner(pool.spawn),
                     rounds=args.rounds,
                     seconds=args.minutes * 60,
                     round_s=args.round_s,
@@ -74,11 +78,14 @@ async def main(args: argparse.Namespace) -> int:
         verdict = await settle(lambda: check(bootstrap, prefix, producer.sent), timeout=180)
         minutes = (time.monotonic() - started) / 60
         print(f"{sum(done.values())} rounds {dict(done)} in {minutes:.1f} min; {verdict}")
+        print(f"liveness restarts: {probe.restarts or 'none'}")
         for problem in verdict.problems[:50]:
             print("  " + problem)
         print(f"worker logs: {tmp}")
         return 1 if verdict.problems else 0
     finally:
+        probing.set()
+        await prober
         for w in pool.started:
             w.kill()
         await standin.stop()

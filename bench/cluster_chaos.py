@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streams.devtools.broker import LocalCluster
 from streams.devtools.standin import StandIn
+from tests.integration.chaos import Liveness
 from tests.integration.cluster_chaos import (
     GatewayProcess,
     GatewayTraffic,
@@ -46,6 +47,9 @@ async def main(args: argparse.Namespace) -> int:
     await standin.start("127.0.0.1", 0)
     gateway: GatewayProcess | None = None
     pool: Workers | None = None
+    probe = Liveness()
+    probing = asyncio.Event()
+    prober: asyncio.Task[None] | None = None
     started = time.monotonic()
     try:
         bootstrap = await asyncio.to_thread(cluster.start, 180)
@@ -59,8 +63,10 @@ async def main(args: argparse.Namespace) -> int:
             tmp / "gateway.log",
         ).start()
         pool = Workers(env, tmp)
+        spawn = probe.spawner(pool.spawn)  # as deployed: a liveness probe restarts a stalled one
+        prober = asyncio.create_task(probe.run(probing))
         for _ in range(args.workers):
-            pool.spawn()
+            spawn()
         await gateway.ready()
         traffic = GatewayTraffic(gateway.url)
         task = asyncio.create_task(traffic.run(pause=args.pause))
@@ -87,11 +93,15 @@ async def main(args: argparse.Namespace) -> int:
         verdict = await settle(lambda: verify(bootstrap, prefix, traffic, standin), timeout=240)
         minutes = (time.monotonic() - started) / 60
         print(f"{len(killed)} rounds {killed} in {minutes:.1f} min; {verdict}")
+        print(f"liveness restarts: {probe.restarts or 'none'}")
         for problem in verdict.problems[:50]:
             print("  " + problem)
         print(f"logs: {tmp}")
         return 1 if verdict.problems else 0
     finally:
+        probing.set()
+        if prober is not None:
+            await prober
         if gateway is not None:
             gateway.stop()
         if pool is not None:

@@ -768,22 +768,34 @@ async def memory(
                 for _ in range(n)
                 for r in call_events(rng, complete=False, steps=events - 1)[:events]
             ]
-            payload = sum(len(k) + len(v) for k, v in partial)
+            # in two halves, RSS read after each: the second half's growth is what each more
+            # open call costs (the average over the shape also holds bounded caches filling up)
+            halves = (partial[: n // 2 * events], partial[n // 2 * events :])
+            payloads = [sum(len(k) + len(v) for k, v in part) for part in halves]
+            payload = sum(payloads)
             t0 = time.monotonic()
-            await produce(bootstrap, topics.agent_events, partial)
+            await produce(bootstrap, topics.agent_events, halves[0])
             await wait_consumed(bootstrap, prefix, topics.agent_events)
-            seconds = time.monotonic() - t0
+            await asyncio.sleep(settle)
+            middle = rss_kib(pid)
+            await produce(bootstrap, topics.agent_events, halves[1])
+            await wait_consumed(bootstrap, prefix, topics.agent_events)
+            seconds = time.monotonic() - t0 - settle
             await asyncio.sleep(settle)
             after = rss_kib(pid)
             per_open = (after - before) * 1024 / n
+            second = n - n // 2  # calls of the second half
+            marginal = (after - middle) * 1024 / second
             out[f"events_{events}"] = {
                 "events_per_call": events,
                 "open_calls": n,
                 "rss_before_kib": before,
+                "rss_middle_kib": middle,
                 "rss_after_kib": after,
                 "payload_bytes_per_open": round(payload / n),
                 "rss_bytes_per_open": round(per_open),
                 "rss_overhead_bytes_per_open": round(per_open - payload / n),
+                "rss_marginal_overhead_bytes_per_open": round(marginal - payloads[1] / second),
                 "seconds_to_consume": round(seconds, 1),
             }
             traces[f"events_{events}"] = await trace(prefix, f"events_{events}")
@@ -1208,6 +1220,18 @@ def verdicts(r: dict[str, Any]) -> list[Row]:
                 _met(over <= 1024),
             )
         )
+        if "rss_marginal_overhead_bytes_per_open" in m:
+            more = m["rss_marginal_overhead_bytes_per_open"]
+            rows.append(
+                (
+                    "  of which each more open call (the shape's second half)",
+                    f"{m['rss_after_kib'] - m['rss_middle_kib']:,} KiB for "
+                    f"{m['open_calls'] - m['open_calls'] // 2:,} calls, beyond payload",
+                    f"{more / 1024:.2f} KiB",
+                    "(context)",
+                    _met(None),
+                )
+            )
     for ch in r.get("changelog", {}).values():
         rows.append(
             (

@@ -68,6 +68,15 @@ def worker_env(trinity_url: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+PROBE_LIMITS = {
+    "TRAJSTREAM_OBSERVE__RECOVERY_STALL_S": "20",
+    "TRAJSTREAM_OBSERVE__CONSUMPTION_STALL_S": "30",
+    "TRAJSTREAM_OBSERVE__LAG_INTERVAL_S": "2",
+}
+"""The stall limits of the workers :class:`Liveness` starts: shorter than the defaults (300 s
+and 120 s), so that a restart fits in a run."""
+
+
 class Liveness:
     """A liveness probe, as a deployment has one (README, "Metrics and health"): every
     ``every`` seconds it asks each running worker's ``/healthz``; a worker that answers 503
@@ -86,11 +95,16 @@ class Liveness:
         self.restarts: list[str] = []
 
     def spawner(self, spawn: Callable[..., Any]) -> Callable[[], Any]:
-        """``spawn`` (the ``workers`` fixture), each worker with a /healthz of its own, probed."""
+        """``spawn`` (the ``workers`` fixture, or :meth:`Workers.spawn`), each worker with a
+        /healthz of its own and :data:`PROBE_LIMITS`, probed."""
 
         def start() -> Any:
             port = free_port()
-            worker = spawn(TRAJSTREAM_OBSERVE__HOST="127.0.0.1", TRAJSTREAM_OBSERVE__PORT=port)
+            worker = spawn(
+                **PROBE_LIMITS,
+                TRAJSTREAM_OBSERVE__HOST="127.0.0.1",
+                TRAJSTREAM_OBSERVE__PORT=str(port),
+            )
             self.workers.append((worker, f"http://127.0.0.1:{port}/healthz"))
             return worker
 

@@ -36,14 +36,8 @@ pytestmark = pytest.mark.integration
 async def test_rejoin_chaos_loses_nothing(
     kafka_bootstrap: str, prefix: str, standin: StandIn, workers: Any
 ) -> None:
-    # the workers as deployed: a liveness probe on /healthz restarts a stalled one (limits
-    # shorter than the defaults, so that a restart fits in the run)
-    env = worker_env(
-        standin.url,
-        TRAJSTREAM_OBSERVE__RECOVERY_STALL_S=20,
-        TRAJSTREAM_OBSERVE__CONSUMPTION_STALL_S=30,
-        TRAJSTREAM_OBSERVE__LAG_INTERVAL_S=2,
-    )
+    # the workers as deployed: a liveness probe on /healthz restarts a stalled one
+    env = worker_env(standin.url)
     probe = Liveness()
     probing = asyncio.Event()
     prober = asyncio.create_task(probe.run(probing))

@@ -18,6 +18,7 @@ import pytest
 from streams.devtools.broker import LocalCluster
 from streams.devtools.standin import StandIn
 
+from .chaos import Liveness
 from .cluster_chaos import (
     GatewayProcess,
     GatewayTraffic,
@@ -38,6 +39,8 @@ async def test_a_killed_broker_and_a_killed_controller_lose_nothing(
     cluster = LocalCluster(CACHE_DIR, brokers=3, data_dir=tmp_path / "cluster")
     gateway: GatewayProcess | None = None
     pool: Workers | None = None
+    probing = asyncio.Event()
+    prober: asyncio.Task[None] | None = None
     try:
         bootstrap = await asyncio.to_thread(cluster.start, 180)
         env = cluster_env(bootstrap, prefix, tmp_path, standin.url)
@@ -50,8 +53,11 @@ async def test_a_killed_broker_and_a_killed_controller_lose_nothing(
             tmp_path / "gateway.log",
         ).start()
         pool = Workers(env, tmp_path)
-        pool.spawn()
-        pool.spawn()
+        probe = Liveness()  # as deployed: a liveness probe restarts a stalled worker
+        spawn = probe.spawner(pool.spawn)
+        prober = asyncio.create_task(probe.run(probing))
+        spawn()
+        spawn()
         await gateway.ready()
         traffic = GatewayTraffic(gateway.url)
         task = asyncio.create_task(traffic.run(pause=0.1))
@@ -71,7 +77,10 @@ async def test_a_killed_broker_and_a_killed_controller_lose_nothing(
         assert [t for t, _ in killed] == ["leader", "controller"]
         assert len(traffic.answered) >= 60, f"too little traffic: {len(traffic.answered)}"
         verdict = await settle(lambda: verify(bootstrap, prefix, traffic, standin), timeout=120)
-        print(f"cluster chaos: killed {killed}; {verdict}; {traffic.failed} call(s) failed")
+        print(
+            f"cluster chaos: killed {killed}; {verdict}; {traffic.failed} call(s) failed; "
+            f"liveness restarts: {probe.restarts or 'none'}"
+        )
         assert not verdict.problems, "\n".join(verdict.problems[:20])
         assert verdict.events.calls >= 30
         dead = [w for w in pool.started if not w.alive]
@@ -87,6 +96,9 @@ async def test_a_killed_broker_and_a_killed_controller_lose_nothing(
             print(f"--- gateway ---\n{gateway.log.read_text(errors='replace')[-6000:]}")
         raise
     finally:
+        probing.set()
+        if prober is not None:
+            await prober
         if gateway is not None:
             gateway.stop()
         if pool is not None:
