@@ -26,7 +26,16 @@ class TableStore:
 
     Faust writes a key to the changelog partition of the record being handled. A store that
     writes outside of one (a batch's writes, :class:`BatchedStore`) says the partition first
-    (:meth:`at`)."""
+    (:meth:`at`).
+
+    Each write also records the key's partition where Faust's in-memory store keeps it
+    (``_key_partition``), and a delete forgets it. That store drops, once a rebalance is
+    recovered, the keys of partitions no longer assigned, but knows the partition only of the
+    keys its recovery read from a changelog (faust-streaming 0.15.3): the keys a worker wrote
+    itself stayed in its memory after their partition moved to another worker (its open calls
+    counted twice by ``trajstream_open_calls``, its closed calls never forgotten, and an open
+    call back from the dead if the partition returned after its tombstone was compacted away),
+    and a restored key deleted later stayed in that record."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
@@ -48,13 +57,23 @@ class TableStore:
 
     def set(self, key: bytes, value: bytes) -> None:
         self.table[key] = value
+        owners = self._owners()
+        if owners is not None:
+            owners[key] = self.table.partition_for_key(key)
 
     def delete(self, key: bytes) -> None:
         if key in self.table:
             del self.table[key]
+        owners = self._owners()
+        if owners is not None:
+            owners.pop(key, None)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         return iter(list(self.table.items()))
+
+    def _owners(self) -> dict[bytes, int | None] | None:
+        """Faust's in-memory store's partition of each key (None for another kind of store)."""
+        return getattr(getattr(self.table, "data", None), "_key_partition", None)
 
 
 class BatchedStore:

@@ -290,3 +290,50 @@ def test_the_tables_are_written_only_after_the_broker_took_the_batch() -> None:
         assert [w for w, _ in opened.writes] == ["set", "delete"]
 
     asyncio.run(main())
+
+
+class MemoryTable(dict):  # type: ignore[type-arg]
+    """A Faust table over Faust's own in-memory store (``data``), written as Faust's table
+    writes it; ``partition_for_key`` is the partition of the record being handled."""
+
+    def __init__(self) -> None:
+        import faust
+
+        super().__init__()
+        app = faust.App("t-own-keys", broker="kafka://127.0.0.1:9")
+        self.data = app.Table("pending", partitions=4, key_type=bytes, value_type=bytes).data
+        self.current = 0
+
+    def partition_for_key(self, key: Any) -> int | None:
+        return self.current
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.data[key] = value
+
+    def __delitem__(self, key: bytes) -> None:
+        del self.data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
+
+async def test_keys_written_here_are_forgotten_when_their_partition_moves_away() -> None:
+    from faust.types import TP
+
+    table = MemoryTable()
+    store = TableStore(table)
+    for partition, key in ((0, b"a"), (1, b"b"), (2, b"c")):
+        table.current = partition
+        store.set(key, b"1")
+    batched = BatchedStore(store)
+    batched.partition = 3
+    batched.set(b"d", b"1")
+    batched.flush()
+    table.data._key_partition[b"restored"] = 1  # as Faust's recovery records a key it read
+    table.data[b"restored"] = b"1"
+    store.delete(b"restored")  # deleted since: not remembered either
+    assert table.data._key_partition == {b"a": 0, b"b": 1, b"c": 2, b"d": 3}
+    # a rebalance leaves this worker partitions 1 and 3 of the table's changelog
+    changelog = "t-own-keys-pending-changelog"
+    await table.data.on_recovery_completed({TP(changelog, 1), TP(changelog, 3)}, set())
+    assert dict(table.data.data) == {b"b": b"1", b"d": b"1"}
