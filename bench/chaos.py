@@ -56,11 +56,9 @@ async def main(args: argparse.Namespace) -> int:
     )
     pool = Workers(env, tmp)
     probe = Liveness()  # as deployed: a liveness probe restarts a stalled worker
-    probing = asyncio.Event()
-    prober = asyncio.create_task(probe.run(probing))
     started = time.monotonic()
     try:
-        async with RecordingProducer(bootstrap, topic_prefix=prefix) as producer:
+        async with probe.probing(), RecordingProducer(bootstrap, topic_prefix=prefix) as producer:
             traffic = Traffic(producer)
             task = asyncio.create_task(traffic.run(pause=args.pause, seed=args.seed))
             try:
@@ -84,8 +82,6 @@ async def main(args: argparse.Namespace) -> int:
         print(f"worker logs: {tmp}")
         return 1 if verdict.problems else 0
     finally:
-        probing.set()
-        await prober
         for w in pool.started:
             w.kill()
         await standin.stop()

@@ -47,9 +47,7 @@ async def main(args: argparse.Namespace) -> int:
     await standin.start("127.0.0.1", 0)
     gateway: GatewayProcess | None = None
     pool: Workers | None = None
-    probe = Liveness()
-    probing = asyncio.Event()
-    prober: asyncio.Task[None] | None = None
+    probe = Liveness()  # as deployed: a liveness probe restarts a stalled worker
     started = time.monotonic()
     try:
         bootstrap = await asyncio.to_thread(cluster.start, 180)
@@ -63,45 +61,42 @@ async def main(args: argparse.Namespace) -> int:
             tmp / "gateway.log",
         ).start()
         pool = Workers(env, tmp)
-        spawn = probe.spawner(pool.spawn)  # as deployed: a liveness probe restarts a stalled one
-        prober = asyncio.create_task(probe.run(probing))
-        for _ in range(args.workers):
-            spawn()
-        await gateway.ready()
-        traffic = GatewayTraffic(gateway.url)
-        task = asyncio.create_task(traffic.run(pause=args.pause))
-        deadline = time.monotonic() + args.minutes * 60
-        killed = []
-        try:
-            await asyncio.sleep(15)
-            for i in range(args.rounds):
-                if time.monotonic() > deadline:
-                    break
-                target = "leader" if i % 2 == 0 else "controller"
-                killed += await kill_rounds(
-                    cluster,
-                    f"{prefix}.agent-events",
-                    traffic,
-                    rounds=[target],
-                    down_s=args.down_s,
-                    after_s=args.after_s,
-                    first=i + 1,
-                )
-        finally:
-            traffic.stop.set()
-            await task
-        verdict = await settle(lambda: verify(bootstrap, prefix, traffic, standin), timeout=240)
-        minutes = (time.monotonic() - started) / 60
-        print(f"{len(killed)} rounds {killed} in {minutes:.1f} min; {verdict}")
-        print(f"liveness restarts: {probe.restarts or 'none'}")
-        for problem in verdict.problems[:50]:
-            print("  " + problem)
-        print(f"logs: {tmp}")
-        return 1 if verdict.problems else 0
+        spawn = probe.spawner(pool.spawn)
+        async with probe.probing():
+            for _ in range(args.workers):
+                spawn()
+            await gateway.ready()
+            traffic = GatewayTraffic(gateway.url)
+            task = asyncio.create_task(traffic.run(pause=args.pause))
+            deadline = time.monotonic() + args.minutes * 60
+            killed = []
+            try:
+                await asyncio.sleep(15)
+                for i in range(args.rounds):
+                    if time.monotonic() > deadline:
+                        break
+                    target = "leader" if i % 2 == 0 else "controller"
+                    killed += await kill_rounds(
+                        cluster,
+                        f"{prefix}.agent-events",
+                        traffic,
+                        rounds=[target],
+                        down_s=args.down_s,
+                        after_s=args.after_s,
+                        first=i + 1,
+                    )
+            finally:
+                traffic.stop.set()
+                await task
+            verdict = await settle(lambda: verify(bootstrap, prefix, traffic, standin), timeout=240)
+            minutes = (time.monotonic() - started) / 60
+            print(f"{len(killed)} rounds {killed} in {minutes:.1f} min; {verdict}")
+            print(f"liveness restarts: {probe.restarts or 'none'}")
+            for problem in verdict.problems[:50]:
+                print("  " + problem)
+            print(f"logs: {tmp}")
+            return 1 if verdict.problems else 0
     finally:
-        probing.set()
-        if prober is not None:
-            await prober
         if gateway is not None:
             gateway.stop()
         if pool is not None:

@@ -110,6 +110,17 @@ class Liveness:
 
         return start
 
+    @asynccontextmanager
+    async def probing(self) -> AsyncIterator[Liveness]:
+        """Probe (:meth:`run`) for the duration of the ``async with`` block."""
+        stop = asyncio.Event()
+        task = asyncio.create_task(self.run(stop))
+        try:
+            yield self
+        finally:
+            stop.set()
+            await task
+
     async def run(self, stop: asyncio.Event) -> None:
         """Probe until ``stop`` is set."""
         async with httpx.AsyncClient(timeout=2) as client:

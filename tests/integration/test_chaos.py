@@ -38,10 +38,7 @@ async def test_rejoin_chaos_loses_nothing(
 ) -> None:
     # the workers as deployed: a liveness probe on /healthz restarts a stalled one
     env = worker_env(standin.url)
-    probe = Liveness()
-    probing = asyncio.Event()
-    prober = asyncio.create_task(probe.run(probing))
-    try:
+    async with Liveness().probing() as probe:
         async with RecordingProducer(kafka_bootstrap, topic_prefix=prefix) as producer:
             traffic = Traffic(producer)
             task = asyncio.create_task(traffic.run(pause=0.15, seed=14))
@@ -61,9 +58,6 @@ async def test_rejoin_chaos_loses_nothing(
         # up to 150 s for the last calls to close: on a loaded CI machine the last rebalance and
         # the check's reads take longer than here; each check that still finds problems is logged
         verdict = await settle(lambda: check(kafka_bootstrap, prefix, producer.sent), timeout=150)
-    finally:
-        probing.set()
-        await prober
     print(f"chaos: {dict(done)}; {verdict}; liveness restarts: {probe.restarts or 'none'}")
     if verdict.problems:
         print(await where_missing(kafka_bootstrap, prefix, prefix, verdict.problems))

@@ -39,8 +39,7 @@ async def test_a_killed_broker_and_a_killed_controller_lose_nothing(
     cluster = LocalCluster(CACHE_DIR, brokers=3, data_dir=tmp_path / "cluster")
     gateway: GatewayProcess | None = None
     pool: Workers | None = None
-    probing = asyncio.Event()
-    prober: asyncio.Task[None] | None = None
+    probe = Liveness()  # as deployed: a liveness probe restarts a stalled worker
     try:
         bootstrap = await asyncio.to_thread(cluster.start, 180)
         env = cluster_env(bootstrap, prefix, tmp_path, standin.url)
@@ -53,42 +52,41 @@ async def test_a_killed_broker_and_a_killed_controller_lose_nothing(
             tmp_path / "gateway.log",
         ).start()
         pool = Workers(env, tmp_path)
-        probe = Liveness()  # as deployed: a liveness probe restarts a stalled worker
         spawn = probe.spawner(pool.spawn)
-        prober = asyncio.create_task(probe.run(probing))
-        spawn()
-        spawn()
-        await gateway.ready()
-        traffic = GatewayTraffic(gateway.url)
-        task = asyncio.create_task(traffic.run(pause=0.1))
-        try:
-            await asyncio.sleep(15)  # the workers join and the first calls go through
-            killed = await kill_rounds(
-                cluster,
-                f"{prefix}.agent-events",
-                traffic,
-                rounds=["leader", "controller"],
-                down_s=10,
-                after_s=5,
+        async with probe.probing():
+            spawn()
+            spawn()
+            await gateway.ready()
+            traffic = GatewayTraffic(gateway.url)
+            task = asyncio.create_task(traffic.run(pause=0.1))
+            try:
+                await asyncio.sleep(15)  # the workers join and the first calls go through
+                killed = await kill_rounds(
+                    cluster,
+                    f"{prefix}.agent-events",
+                    traffic,
+                    rounds=["leader", "controller"],
+                    down_s=10,
+                    after_s=5,
+                )
+            finally:
+                traffic.stop.set()
+                await task
+            assert [t for t, _ in killed] == ["leader", "controller"]
+            assert len(traffic.answered) >= 60, f"too little traffic: {len(traffic.answered)}"
+            verdict = await settle(lambda: verify(bootstrap, prefix, traffic, standin), timeout=120)
+            print(
+                f"cluster chaos: killed {killed}; {verdict}; {traffic.failed} call(s) failed; "
+                f"liveness restarts: {probe.restarts or 'none'}"
             )
-        finally:
-            traffic.stop.set()
-            await task
-        assert [t for t, _ in killed] == ["leader", "controller"]
-        assert len(traffic.answered) >= 60, f"too little traffic: {len(traffic.answered)}"
-        verdict = await settle(lambda: verify(bootstrap, prefix, traffic, standin), timeout=120)
-        print(
-            f"cluster chaos: killed {killed}; {verdict}; {traffic.failed} call(s) failed; "
-            f"liveness restarts: {probe.restarts or 'none'}"
-        )
-        assert not verdict.problems, "\n".join(verdict.problems[:20])
-        assert verdict.events.calls >= 30
-        dead = [w for w in pool.started if not w.alive]
-        assert not dead, "a worker died: " + "; ".join(
-            f"{w.log.name} exit {w.proc.returncode if w.proc else None}: "
-            + w.log.read_text(errors="replace").strip().splitlines()[-1][:300]
-            for w in dead
-        )
+            assert not verdict.problems, "\n".join(verdict.problems[:20])
+            assert verdict.events.calls >= 30
+            dead = [w for w in pool.started if not w.alive]
+            assert not dead, "a worker died: " + "; ".join(
+                f"{w.log.name} exit {w.proc.returncode if w.proc else None}: "
+                + w.log.read_text(errors="replace").strip().splitlines()[-1][:300]
+                for w in dead
+            )
     except BaseException:
         if pool is not None:
             print(pool.logs())
@@ -96,9 +94,6 @@ async def test_a_killed_broker_and_a_killed_controller_lose_nothing(
             print(f"--- gateway ---\n{gateway.log.read_text(errors='replace')[-6000:]}")
         raise
     finally:
-        probing.set()
-        if prober is not None:
-            await prober
         if gateway is not None:
             gateway.stop()
         if pool is not None:

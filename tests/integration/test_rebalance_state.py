@@ -11,7 +11,6 @@ gauges of both workers.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -19,18 +18,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streams.broker import free_port
 from streams.models import AgentCall, CallPhase, ChatMessage
 from streams.sdk import TrajstreamProducer
 
 pytestmark = pytest.mark.integration
 
 CALLS = 40
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _open_calls(client: httpx.AsyncClient, url: str) -> float | None:
@@ -67,7 +61,7 @@ async def test_a_worker_forgets_the_open_calls_of_partitions_it_hands_over(
         "TRAJSTREAM_ASSEMBLY__ABANDON_AFTER_S": 3600,  # nothing closes during the test
         "BROKER_SESSION_TIMEOUT": 10,
     }
-    urls = [f"http://127.0.0.1:{_free_port()}" for _ in range(2)]
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
     workers(**env, TRAJSTREAM_OBSERVE__PORT=urls[0].rpartition(":")[2])
     async with httpx.AsyncClient(timeout=5) as client:
 
