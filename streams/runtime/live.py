@@ -82,7 +82,7 @@ from .config import judge_of, ledger_config_of, limits_of
 from .live_close import ASSEMBLE_BATCH, ASSEMBLE_WITHIN, Closing
 from .live_guard import raw_input, source_of
 from .live_ports import ObservedTrinity
-from .producing import install_idempotence, raw_schema
+from .producing import install_idempotence, install_topic_tracking, raw_schema
 from .stores import BatchedStore, TableStore
 
 __all__ = [
@@ -188,7 +188,7 @@ class Pipeline(Closing):
         self.app = self._build(bootstrap)
         # the assemble stage's writes wait for the end of its batch (live_close)
         self.batched = (
-            BatchedStore(TableStore(self.pending)),
+            BatchedStore(TableStore(self.pending, entries_follow_head=True)),
             BatchedStore(TableStore(self.closed)),
         )
         self.assembler = Assembler(
@@ -222,6 +222,7 @@ class Pipeline(Closing):
         n = s.kafka.partitions
         handover.install()  # before the app: no committed offset passes an unhandled record
         install_idempotence()  # acks=all and idempotence for Faust's producer too
+        install_topic_tracking()  # and metadata of the topics it writes, not the whole cluster's
         app = faust.App(
             s.app_id,
             broker=",".join(f"kafka://{b.strip()}" for b in bootstrap.split(",")),

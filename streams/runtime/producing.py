@@ -9,12 +9,15 @@
   ``acks=all`` and idempotence in every mode; aiokafka's idempotent producer needs nothing else
   from Faust (one batch in flight per partition, which is how aiokafka sends anyway). Every
   other producer of the product gets the same from :data:`streams.io.kafka.PRODUCER_DEFAULTS`.
+* Metadata. Faust's producer held, and fetched again at every refresh, the metadata of every
+  topic of the cluster (:class:`TrackingProducer` says why); :func:`install_topic_tracking`
+  makes Faust build a :class:`TrackingProducer`, whose metadata is the topics it writes to.
 * Wire format. The worker's topics carry raw bytes (the codec's single-object encoding);
   :class:`FramingSchema` is the topic schema that, with a schema registry, rewrites each value
   into Confluent's wire format on its way out (:class:`streams.wire.TopicFraming`: a header
   swap). Changelog topics keep the single-object encoding.
 
-May import: faust, :mod:`streams.wire`.
+May import: faust, aiokafka, :mod:`streams.wire`.
 """
 
 from __future__ import annotations
@@ -23,11 +26,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import faust
+from aiokafka import AIOKafkaProducer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from ..wire import TopicFraming
 
-__all__ = ["FramingSchema", "install_idempotence", "raw_schema"]
+__all__ = [
+    "FramingSchema",
+    "TrackingProducer",
+    "install_idempotence",
+    "install_topic_tracking",
+    "raw_schema",
+]
 
 _ORIGINAL = faust_aiokafka.Producer._settings_extra
 
@@ -40,6 +50,39 @@ def install_idempotence() -> None:
     """Every producer of Faust's aiokafka driver in this process: ``acks=all`` and
     idempotence (idempotent: installing twice changes nothing)."""
     faust_aiokafka.Producer._settings_extra = _settings_extra  # type: ignore[method-assign]
+
+
+class TrackingProducer(AIOKafkaProducer):  # type: ignore[misc]
+    """An aiokafka producer that tracks each topic it writes to, so that its cluster metadata
+    is theirs, not the whole cluster's.
+
+    aiokafka's client refreshes metadata (every ``metadata_max_age_ms``, after a lost
+    connection, when asked) for the topics it tracks, and for every topic of the cluster while
+    it tracks none; a producer tracks a topic when it sends to one whose metadata it lacks.
+    Faust's producer asks for a refresh after each topic it creates (its changelogs, at start),
+    before it has sent anything: that brings every topic of the cluster, so no topic was ever
+    missing, none was tracked, and every refresh fetched the whole cluster again. Seen in a
+    worker: the metadata of 4,463 partitions, on a broker of 1,524 topics (a shared production
+    cluster has tens of thousands). Here the first send to each topic tracks it (aiokafka's
+    public ``client.add_topic``, which refreshes in the background; the send does not wait)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._written: set[str] = set()
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic not in self._written:
+            self._written.add(topic)
+            self.client.add_topic(topic)
+        return await super().send(topic, *args, **kwargs)
+
+
+def install_topic_tracking() -> None:
+    """Every producer of Faust's aiokafka driver in this process: a :class:`TrackingProducer`
+    (with the settings Faust gives it: idempotent, see above)."""
+    faust_aiokafka.Producer._producer_type = property(  # type: ignore[method-assign,assignment]
+        lambda self: TrackingProducer
+    )
 
 
 class FramingSchema(faust.Schema[bytes, bytes]):

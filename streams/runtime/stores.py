@@ -8,7 +8,7 @@ deleted within one batch (an open call that closed in it) costs no changelog rec
 a key written twice costs one. What Kafka Streams' record cache does before a commit; here the
 batch is one stream batch of the agent, flushed before its offsets are acknowledged.
 
-May import: the standard library, the core.
+May import: the standard library, the core, :mod:`streams.state_codec`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..core.store import Store
+from ..state_codec import SEPARATOR
 
 __all__ = ["BatchedStore", "TableStore"]
 
@@ -35,11 +36,23 @@ class TableStore:
     itself stayed in its memory after their partition moved to another worker (its open calls
     counted twice by ``trajstream_open_calls``, its closed calls never forgotten, and an open
     call back from the dead if the partition returned after its tombstone was compacted away),
-    and a restored key deleted later stayed in that record."""
+    and a restored key deleted later stayed in that record.
 
-    def __init__(self, table: Any) -> None:
+    With ``entries_follow_head`` (the open calls' table, whose entries
+    ``call_key + SEPARATOR + n`` live and die with their call's key: :mod:`streams.core.pending`)
+    only the call's own key is recorded: an entry follows its call's key out when a rebalance
+    drops that one. The record costs a dict slot per key (30-60 B, by how full the dict is),
+    which a call of ten events would pay ten times."""
+
+    def __init__(self, table: Any, *, entries_follow_head: bool = False) -> None:
         self.table = table
         self._partition: int | None = None
+        self._follow = entries_follow_head
+        # the hook goes on at the first write: Faust makes the table's store when it is first
+        # used, in its start (made here, at the worker's construction, the store's stop never
+        # ended: seen in test_pipeline's graceful stop); until this store's first write, every
+        # key the table holds was restored, and Faust recorded each one
+        self._hooked = not entries_follow_head
         own = table.partition_for_key
 
         def partition_for_key(key: Any) -> int | None:
@@ -57,8 +70,11 @@ class TableStore:
 
     def set(self, key: bytes, value: bytes) -> None:
         self.table[key] = value
+        if not self._hooked:
+            self._hooked = True
+            _drop_entries_with_their_head(self.table)
         owners = self._owners()
-        if owners is not None:
+        if owners is not None and not (self._follow and SEPARATOR in key):
             owners[key] = self.table.partition_for_key(key)
 
     def delete(self, key: bytes) -> None:
@@ -74,6 +90,33 @@ class TableStore:
     def _owners(self) -> dict[bytes, int | None] | None:
         """Faust's in-memory store's partition of each key (None for another kind of store)."""
         return getattr(getattr(self.table, "data", None), "_key_partition", None)
+
+
+def _drop_entries_with_their_head(table: Any) -> None:
+    """After Faust's in-memory store has dropped the keys of the partitions a rebalance took
+    away, drop too the entries (``head + SEPARATOR + suffix``) whose head key is gone: those
+    :class:`TableStore` wrote without recording their partition. Runs only when the drop took
+    something (a pass over the keys); another kind of store is left alone."""
+    store = getattr(table, "data", None)
+    own = getattr(store, "on_recovery_completed", None)
+    if own is None or not hasattr(store, "_key_partition"):
+        return
+
+    async def on_recovery_completed(active_tps: Any, standby_tps: Any) -> None:
+        data = store.data
+        held = len(data)
+        await own(active_tps, standby_tps)
+        if len(data) == held:
+            return
+        orphans = [
+            key for key in data if SEPARATOR in key and key[: key.index(SEPARATOR)] not in data
+        ]
+        owners = store._key_partition
+        for key in orphans:
+            del data[key]
+            owners.pop(key, None)
+
+    store.on_recovery_completed = on_recovery_completed
 
 
 class BatchedStore:

@@ -337,3 +337,28 @@ async def test_keys_written_here_are_forgotten_when_their_partition_moves_away()
     changelog = "t-own-keys-pending-changelog"
     await table.data.on_recovery_completed({TP(changelog, 1), TP(changelog, 3)}, set())
     assert dict(table.data.data) == {b"b": b"1", b"d": b"1"}
+
+
+async def test_an_open_calls_entries_leave_with_its_key_without_a_record_of_their_own() -> None:
+    from faust.types import TP
+
+    from streams.state_codec import entry_key
+
+    table = MemoryTable()
+    store = TableStore(table, entries_follow_head=True)
+    for partition, call in ((0, b"a"), (1, b"b")):
+        table.current = partition
+        for n in range(3):
+            store.set(entry_key(call, n), b"1")
+    # a restored call: Faust records each key its recovery read, entries too
+    for n in range(2):
+        table.data[entry_key(b"r", n)] = b"1"
+        table.data._key_partition[entry_key(b"r", n)] = 0
+    assert table.data._key_partition == {b"a": 0, b"b": 1, b"r": 0, entry_key(b"r", 1): 0}
+    changelog = "t-own-keys-pending-changelog"
+    await table.data.on_recovery_completed({TP(changelog, 1)}, set())
+    assert sorted(table.data.data) == [b"b", entry_key(b"b", 1), entry_key(b"b", 2)]
+    assert table.data._key_partition == {b"b": 1}
+    # nothing dropped: nothing else touched
+    await table.data.on_recovery_completed({TP(changelog, 1)}, set())
+    assert len(table.data.data) == 3
