@@ -63,26 +63,46 @@ class TrackingProducer(AIOKafkaProducer):  # type: ignore[misc]
     before it has sent anything: that brings every topic of the cluster, so no topic was ever
     missing, none was tracked, and every refresh fetched the whole cluster again. Seen in a
     worker: the metadata of 4,463 partitions, on a broker of 1,524 topics (a shared production
-    cluster has tens of thousands). Here the first send to each topic tracks it (aiokafka's
-    public ``client.add_topic``, which refreshes in the background; the send does not wait)."""
+    cluster has tens of thousands). Here each topic Faust creates (:func:`install_topic_tracking`)
+    and the first send to each topic track it (aiokafka's public ``client.add_topic``, which
+    refreshes in the background; the send does not wait), so an idle worker too holds only its
+    own topics' metadata."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._written: set[str] = set()
+        self._tracked: set[str] = set()
+
+    def track(self, topic: str) -> None:
+        """Keep ``topic``'s metadata (refreshed with the others) from now on."""
+        if topic not in self._tracked:
+            self._tracked.add(topic)
+            self.client.add_topic(topic)
 
     async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
-        if topic not in self._written:
-            self._written.add(topic)
-            self.client.add_topic(topic)
+        self.track(topic)
         return await super().send(topic, *args, **kwargs)
+
+
+_CREATE_TOPIC = faust_aiokafka.Producer.create_topic
+
+
+async def _create_topic(self: Any, topic: str, *args: Any, **kwargs: Any) -> None:
+    await _CREATE_TOPIC(self, topic, *args, **kwargs)
+    # Faust creates its changelogs (and the topics it declares) at start, then asks for a
+    # refresh: tracked, they are what that refresh brings, not the whole cluster
+    client = self._ensure_producer()
+    if isinstance(client, TrackingProducer):
+        client.track(topic)
 
 
 def install_topic_tracking() -> None:
     """Every producer of Faust's aiokafka driver in this process: a :class:`TrackingProducer`
-    (with the settings Faust gives it: idempotent, see above)."""
+    (with the settings Faust gives it: idempotent, see above), which tracks each topic Faust
+    creates (idempotent: installing twice changes nothing)."""
     faust_aiokafka.Producer._producer_type = property(  # type: ignore[method-assign,assignment]
         lambda self: TrackingProducer
     )
+    faust_aiokafka.Producer.create_topic = _create_topic  # type: ignore[method-assign]
 
 
 class FramingSchema(faust.Schema[bytes, bytes]):
