@@ -78,6 +78,12 @@ Test-only hooks (read once by :func:`install`; never set them in production):
 - ``TESTONLY_TRAJSTREAM_DROP_FETCHED=<topic>:<partition>``: what the consumer fetches of that
   partition never reaches the agents (a partition that makes no progress, as in
   faust-streaming#629: for the progress watch, :mod:`streams.observe.progress`).
+- ``TESTONLY_TRAJSTREAM_DROP_BEFORE_SEEK=<topic>``: at the first seek to the committed offsets
+  that finds partitions of ``<topic>`` holding records and never committed, the records the
+  fetcher has buffered for them are taken and thrown away first, as Faust throws away a fetch
+  that returns while a rebalance stops the flow (``consumer.py`` ~758-766, "getmany called
+  while flow not active. Seek back to committed offsets"), counting on the seek to read them
+  again. The worker logs a warning saying what it dropped.
 """
 
 from __future__ import annotations
@@ -108,6 +114,7 @@ _ENV_SEEK_DELAY = "TESTONLY_TRAJSTREAM_SEEK_DELAY_S"
 _ENV_AGENT_DELAY = "TESTONLY_TRAJSTREAM_AGENT_DELAY_S"
 _ENV_ACK_LOG = "TESTONLY_TRAJSTREAM_ACK_LOG"
 _ENV_DROP_FETCHED = "TESTONLY_TRAJSTREAM_DROP_FETCHED"
+_ENV_DROP_BEFORE_SEEK = "TESTONLY_TRAJSTREAM_DROP_BEFORE_SEEK"
 
 _state: dict[str, Any] = {"patched": False, "hooks": False}
 
@@ -329,14 +336,24 @@ async def _perform_seek(self: Any) -> None:
         tp = ensure_TP(key)
         known = self._committed_offset[tp]
         if offset is None or offset < 0:
-            if known is None and self.app.topics.acks_enabled_for(tp.topic):
-                never.append(tp)
+            if self.app.topics.acks_enabled_for(tp.topic):
+                if known is None:
+                    never.append(tp)
+                else:  # committed by this worker since the broker answered: read from there
+                    await self.seek(tp, known)
             continue
         # the broker's answer may predate a commit this worker made meanwhile (its fetcher and
         # agents ran before the seek): never move the committed offset back, or the offsets
         # committed since would be a hole at its head and hold every later commit
         committed_offsets[tp] = offset if known is None else max(known, offset)
-    committed_offsets.update(await _first_offsets(self, never))
+    first = await _first_offsets(self, never)
+    for tp, offset in first.items():
+        # aiokafka's seek_to_committed leaves a partition without a committed offset where its
+        # fetcher is: past any record fetched and then dropped (Faust drops what it fetched when
+        # a rebalance starts, and seeks back to the committed offsets to read it again). Read
+        # such a partition from its first offset, as a new owner would (auto.offset.reset).
+        await self.seek(tp, offset)
+    committed_offsets.update(first)
     self._committed_offset.update(committed_offsets)
 
 
@@ -426,6 +443,24 @@ def _install_test_hooks(env: Mapping[str, str]) -> None:
             return {tp: r for tp, r in records.items() if (tp.topic, tp.partition) != dropped}
 
         ThreadDelegateConsumer._getmany = _getmany  # type: ignore[method-assign]
+    drop_before_seek = env.get(_ENV_DROP_BEFORE_SEEK)
+    if drop_before_seek:
+        from faust.transport.consumer import ThreadDelegateConsumer
+
+        original_seek_to_committed = ThreadDelegateConsumer.seek_to_committed
+
+        async def seek_to_committed_dropping(self: Any) -> Mapping[Any, int]:
+            if not _state.get("dropped_before_seek"):
+                thread = self._thread
+                dropped = await thread.call_thread(
+                    _drop_fetched, thread._ensure_consumer(), drop_before_seek
+                )
+                if dropped:
+                    _state["dropped_before_seek"] = True
+                    self.log.warning("testonly: dropped fetched records before the seek: %s", dropped)
+            return await original_seek_to_committed(self)
+
+        ThreadDelegateConsumer.seek_to_committed = seek_to_committed_dropping  # type: ignore[method-assign]
     if seek_delay > 0:
         from faust.transport.consumer import ThreadDelegateConsumer
 
@@ -466,3 +501,25 @@ def _install_test_hooks(env: Mapping[str, str]) -> None:
             return result
 
         Consumer.ack = ack  # type: ignore[method-assign]
+
+
+async def _drop_fetched(consumer: Any, topic: str, wait_s: float = 10.0) -> dict[str, str]:
+    """On the consumer's own thread: take what the aiokafka fetcher buffered for the partitions
+    of ``topic`` that hold records and have no committed offset, and throw it away (waits up to
+    ``wait_s`` for a first record of each). Returns ``{"topic[p]": "lo..hi"}`` of what went."""
+    import time
+
+    tps = [tp for tp in consumer.assignment() if tp.topic == topic]
+    if not tps:
+        return {}
+    ends = await consumer.end_offsets(tps)
+    wanted = {tp for tp in tps if ends.get(tp) and await consumer.committed(tp) is None}
+    dropped: dict[str, str] = {}
+    deadline = time.monotonic() + wait_s
+    while wanted and time.monotonic() < deadline:
+        fetched = await consumer._fetcher.fetched_records(list(wanted), timeout=0.5)
+        for tp, records in fetched.items():
+            if records:
+                dropped[f"{tp.topic}[{tp.partition}]"] = f"{records[0].offset}..{records[-1].offset}"
+                wanted.discard(tp)
+    return dropped

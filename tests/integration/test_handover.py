@@ -188,3 +188,59 @@ async def test_no_committed_offset_passes_a_record_no_agent_handled(
         assert not behind, f"commits did not reach the end of the topics: {behind}"
     else:
         assert total > 0, "the loss did not reproduce: the check is not shown able to fail"
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "patched"])
+async def test_records_dropped_before_the_seek_of_a_never_committed_partition_are_read_again(
+    kafka_bootstrap: str, prefix: str, standin: StandIn, workers: Any, patched: bool
+) -> None:
+    """Faust throws away a fetch that returns while a rebalance stops the flow and counts on its
+    seek to the committed offsets to read it again; for a partition the group never committed,
+    aiokafka's seek_to_committed leaves the fetcher where it is, past those records, and they
+    were never handled (seen in test_faults: a worker stopped mid-traffic, two calls on the
+    partition its survivor took over never fed back). The hook takes the fetched records of
+    agent-events away before the worker's first seek, as Faust does."""
+    from streams.io.kafka import create_topics
+    from streams.io.trinity import TrinityClient
+
+    env: dict[str, Any] = {
+        "TRAJSTREAM_TRINITY__URL": standin.url,
+        "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1",
+        "TRAJSTREAM_KAFKA__PARTITIONS": PARTITIONS,
+        "TRAJSTREAM_REWARD__FUNCTION": "streams.rewards:success",
+        "TESTONLY_TRAJSTREAM_DROP_BEFORE_SEEK": f"{prefix}.agent-events",
+    }
+    if not patched:
+        env["TESTONLY_TRAJSTREAM_HANDOVER_UNPATCHED"] = "1"
+    await create_topics(kafka_bootstrap, Topics(prefix, PARTITIONS).all())
+
+    async def calls(n: int, seed: int) -> list[Any]:
+        rng = random.Random(seed)
+        async with (
+            TrinityClient(standin.url) as trinity,
+            TrajstreamProducer(kafka_bootstrap, topic_prefix=prefix) as producer,
+        ):
+            return [await simulate_call(producer, trinity, rng, agent="support-bot") for _ in range(n)]
+
+    before = await calls(8, seed=11)  # waiting when the worker starts: its first fetch
+    worker = workers(**env)
+    await wait_for(lambda: logged(worker, "Worker ready"), 90, "the worker to be ready")
+    assert logged(worker, "testonly: dropped fetched records before the seek"), "nothing dropped"
+    after = await calls(8, seed=12)
+
+    def fed_back(sims: list[Any]) -> set[str]:
+        applied = {m for r in standin.state.feedback for m in r.applied}
+        return {s.call_id for s in sims if set(s.msg_ids) <= applied}
+
+    # a partition's records are handled in order: once the calls after the seek are fed back,
+    # the calls before it were handled too, or never will be
+    await wait_for(
+        lambda: fed_back(after) == {s.call_id for s in after}, 120, "the later calls fed back"
+    )
+    lost = {s.call_id for s in before} - fed_back(before)
+    print(f"patched={patched}: {len(lost)} of {len(before)} calls never fed back")
+    if patched:
+        assert not lost, f"calls fetched before the seek and never handled: {sorted(lost)}"
+    else:
+        assert lost, "the loss did not reproduce: the check is not shown able to fail"
+    assert worker.alive

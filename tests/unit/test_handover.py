@@ -222,9 +222,14 @@ def _seeking(c: Any, committed: dict[Any, int | None], first: Any) -> list[tuple
             raise first
         return {tp: first[tp] for tp in tps}
 
+    async def seek(tp: Any, offset: int) -> None:
+        c.seeks.append((tp, offset))
+
     c._read_offset = {}
+    c.seeks = []
     c.seek_to_committed = seek_to_committed
     c.earliest_offsets = earliest_offsets
+    c.seek = seek
     c.log = SimpleNamespace(warning=lambda *a, **k: None)
     return asked
 
@@ -242,6 +247,7 @@ def test_a_partition_never_committed_holds_its_commit_until_its_first_record_is_
     asyncio.run(handover._perform_seek(c))
     assert asked == [(tp,)]  # only the partitions whose offsets are committed
     assert c._committed_offset[tp] == 0
+    assert c.seeks == [(tp, 0)]  # read again from there, whatever the fetcher had read
     assert c._read_offset[tp] is None  # the fetch starts where the consumer resets it
     c._acked[tp], c._acked_index[tp] = [1, 2], {1, 2}
     assert handover._new_offset(c, tp) is None
@@ -257,6 +263,7 @@ def test_a_partition_whose_log_starts_later_starts_its_run_there() -> None:
     c = _consumer(None)
     _seeking(c, {tp: None}, {tp: 7})  # retention deleted 0..6
     asyncio.run(handover._perform_seek(c))
+    assert c.seeks == [(tp, 7)]
     c._acked[tp], c._acked_index[tp] = [7, 8], {7, 8}
     assert handover._new_offset(c, tp) == 9
 
@@ -269,6 +276,7 @@ def test_first_offsets_unknown_leave_faust_s_rule() -> None:
     asked = _seeking(c, {tp: None}, OSError("broker gone"))
     asyncio.run(handover._perform_seek(c))  # does not raise
     assert asked and c._committed_offset[tp] is None
+    assert c.seeks == []  # the fetcher's own position (Faust's rule)
 
 
 def test_a_partition_committed_or_known_is_not_asked_again() -> None:
@@ -281,3 +289,4 @@ def test_a_partition_committed_or_known_is_not_asked_again() -> None:
     asyncio.run(handover._perform_seek(c))
     assert asked == []
     assert (c._committed_offset[a], c._committed_offset[b]) == (12, 4)
+    assert c.seeks == [(b, 4)]  # the broker has no offset for it yet: read from this worker's
