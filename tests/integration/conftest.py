@@ -2,6 +2,8 @@
 
 The broker, chosen once per session, in this order:
 1. ``KAFKA_BOOTSTRAP_SERVERS`` (or ``TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS``) is set: that cluster;
+   ``TRAJSTREAM_TEST_BOOTSTRAP``: the broker the run's xdist controller started for its
+   processes (``tests/conftest.py``);
 2. a Docker engine answers: an official ``apache/kafka`` container (testcontainers);
 3. otherwise the project's own launcher: official Kafka jars fetched with Maven, a single-node
    KRaft broker on a free loopback port, stopped at the end of the session.
@@ -34,6 +36,7 @@ from streams.codec import SchemaRegistry
 from streams.devtools.broker import LocalBroker
 from streams.devtools.standin import StandIn
 from streams.models import AvroModel
+from tests.conftest import SHARED_BOOTSTRAP
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = Path(os.environ.get("TRAJSTREAM_CACHE_DIR", REPO_ROOT / ".cache" / "trajstream"))
@@ -51,8 +54,10 @@ def _docker_engine() -> bool:
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
-    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or os.environ.get(
-        "TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS"
+    configured = (
+        os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        or os.environ.get("TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS")
+        or os.environ.get(SHARED_BOOTSTRAP)  # the run's own broker, shared by its processes
     )
     if configured:
         yield configured
