@@ -44,10 +44,10 @@ from ..core.select import Strategy, build_strategy
 from ..io import kafka, registry
 from ..models import AgentCall, CallPhase, CallStatus, Completion, TrainingMark, utcnow
 from ..settings import KafkaSecuritySettings, SchemaRegistrySettings, Settings
-from ..topics import Topics
 from .chat import StreamAssembler, llm_step, steps_of_request, to_chat_message
 from .publisher import Publisher
 from .routing import Route, check_routable, decide_route
+from .sdk import default_topics
 
 __all__ = ["CapturedCall", "TrajstreamCapture"]
 
@@ -62,8 +62,8 @@ class TrajstreamCapture:
         bootstrap_servers: str,
         *,
         strategy: Strategy | str = "sampling:0.1",
-        topic_prefix: str = "trajstream",
-        partitions: int = 4,
+        topic_prefix: str | None = None,
+        partitions: int | None = None,
         spill_dir: Path = Path(".cache/trajstream/capture-spill"),
         buffer_records: int = 10_000,
         flush_timeout_s: float = 10.0,
@@ -73,7 +73,7 @@ class TrajstreamCapture:
         self.strategy = build_strategy(strategy) if isinstance(strategy, str) else strategy
         check_routable(self.strategy, strategy if isinstance(strategy, str) else "")
         self.flush_timeout_s = flush_timeout_s
-        topics = Topics(topic_prefix, partitions)
+        topics = default_topics(topic_prefix, partitions)  # unset: as the settings say
         # with a registry (settings.kafka.schema_registry): the subjects checked here, at
         # construction, and the records written in Confluent's wire format
         registered = registry.connect(

@@ -47,11 +47,18 @@ from ..models import (
     UserFeedback,
     utcnow,
 )
-from ..settings import KafkaSecuritySettings, SchemaRegistrySettings, Settings
+from ..settings import KafkaSecuritySettings, SchemaRegistrySettings, Settings, current_settings
 from ..topics import Topics
 from ..wire import TopicFraming
 
-__all__ = ["CallRecorder", "TrajstreamProducer", "key_of", "new_id", "topic_for"]
+__all__ = [
+    "CallRecorder",
+    "TrajstreamProducer",
+    "default_topics",
+    "key_of",
+    "new_id",
+    "topic_for",
+]
 
 
 def new_id() -> str:
@@ -69,6 +76,18 @@ def topic_for(record: AvroModel, topics: Topics) -> str:
     raise TypeError(f"{type(record).__name__} is not published by agents")
 
 
+def default_topics(topic_prefix: str | None, partitions: int | None) -> Topics:
+    """The topics of a client built without a settings object: what is not given follows the
+    settings this process loads (``kafka.topic_prefix`` [TRAJSTREAM_KAFKA__TOPIC_PREFIX] and
+    ``kafka.partitions``, from the environment or the config file), so a client and the workers
+    configured alike write and read the same topics. A bad setting raises ConfigError naming it."""
+    if topic_prefix is None or partitions is None:
+        kafka_settings = current_settings().kafka
+        topic_prefix = kafka_settings.topic_prefix if topic_prefix is None else topic_prefix
+        partitions = kafka_settings.partitions if partitions is None else partitions
+    return Topics(topic_prefix, partitions)
+
+
 def key_of(record: AgentCall | Completion | UserFeedback | TraceFragment) -> bytes:
     """The record's key: its call_id (a trace fragment: its trace id)."""
     if isinstance(record, TraceFragment):
@@ -79,6 +98,9 @@ def key_of(record: AgentCall | Completion | UserFeedback | TraceFragment) -> byt
 class TrajstreamProducer:
     """Publishes agent events to Kafka. Use as an async context manager.
 
+    ``topic_prefix`` and ``partitions`` left unset follow the settings this process loads
+    (``kafka.topic_prefix``, e.g. TRAJSTREAM_KAFKA__TOPIC_PREFIX, default ``trajstream``; and
+    ``kafka.partitions``): see :func:`default_topics`.
     ``security`` (TLS, SASL) is ``settings.kafka.security``; unset: PLAINTEXT.
     ``schema_registry`` is ``settings.kafka.schema_registry``: when set, :meth:`start`
     registers the agent-events and user-feedback subjects (checking their compatibility
@@ -89,14 +111,14 @@ class TrajstreamProducer:
         self,
         bootstrap_servers: str,
         *,
-        topic_prefix: str = "trajstream",
-        partitions: int = 4,
+        topic_prefix: str | None = None,
+        partitions: int | None = None,
         codec: SchemaRegistry | None = None,
         producer: AIOKafkaProducer | None = None,
         security: KafkaSecuritySettings | None = None,
         schema_registry: SchemaRegistrySettings | None = None,
     ) -> None:
-        self.topics = Topics(topic_prefix, partitions)
+        self.topics = default_topics(topic_prefix, partitions)
         self.codec = codec or SchemaRegistry.default()
         self._producer = producer or kafka.producer(bootstrap_servers, security)
         self._schema_registry = schema_registry

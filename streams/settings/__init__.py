@@ -74,6 +74,7 @@ __all__ = [
     "WindowSettings",
     "check_faust_environment",
     "check_together",
+    "current_settings",
     "load_settings",
 ]
 
@@ -169,6 +170,13 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     if config is not None:  # the file read, whatever TRAJSTREAM_CONFIG says
         settings.config = Path(config)
     return settings
+
+
+def current_settings() -> Settings:
+    """The settings this process loads now, for a library default left unset (the SDK's topic
+    prefix): the file of the last ``load_settings(config)`` (a command's ``--config``), else
+    ``TRAJSTREAM_CONFIG``, then the environment and the defaults, checked as at a start."""
+    return load_settings(_CONFIG_FILE.get("path"))
 
 
 RECORD_HEADROOM = 64 * 1024
