@@ -2,7 +2,7 @@
 when the run is spread over several processes (pytest-xdist, ``./dev test``), one Kafka broker.
 
 Under xdist the controller starts the local broker once, before its workers start, and hands
-its address to them in ``TRAJSTREAM_TEST_BOOTSTRAP`` (read by the ``kafka_bootstrap`` fixture
+its address to them in ``PYTEST_TRAJSTREAM_BOOTSTRAP`` (read by the ``kafka_bootstrap`` fixture
 of ``tests/integration/conftest.py``); it stops it when the run ends, also after a failure or
 SIGTERM. Without xdist, the fixture starts the broker itself, as before. A run of unit tests only
 starts none.
@@ -17,7 +17,7 @@ import pytest
 
 from tests.interrupt import install
 
-SHARED_BOOTSTRAP = "TRAJSTREAM_TEST_BOOTSTRAP"
+SHARED_BOOTSTRAP = "PYTEST_TRAJSTREAM_BOOTSTRAP"
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = Path(os.environ.get("TRAJSTREAM_CACHE_DIR", ROOT / ".cache" / "trajstream"))
 

@@ -13,7 +13,8 @@ Example::
     with LocalRegistry(Path(".cache/trajstream")) as registry:
         print(registry.url)        # http://127.0.0.1:40123/apis/ccompat/v7
 
-It listens on loopback on a free port (Quarkus's separate management port is turned off),
+It listens on loopback on free ports (its HTTP API, and the management interface that
+Apicurio's build keeps on, which would take 0.0.0.0:9000 otherwise),
 starts with the global compatibility level BACKWARD (Apicurio's own default is NONE, which
 trajstream refuses), and is stopped (its process group: SIGTERM, then SIGKILL) by
 :meth:`LocalRegistry.stop`, also at interpreter exit.
@@ -164,7 +165,11 @@ class LocalRegistry:
             "-XX:ActiveProcessorCount=1",
             f"-Dquarkus.http.host={self.host}",
             f"-Dquarkus.http.port={self.port}",
-            "-Dquarkus.management.enabled=false",  # its own port (9000) otherwise
+            # the management interface is on in Apicurio's build whatever is said at run time
+            # (enabled=false does not turn it off): on all interfaces at 9000 unless told
+            "-Dquarkus.management.enabled=false",
+            f"-Dquarkus.management.host={self.host}",
+            f"-Dquarkus.management.port={free_port(self.host)}",
             "-Dquarkus.log.level=WARN",
             f"-Djava.io.tmpdir={self._dir}",
             "-jar",

@@ -2,7 +2,7 @@
 
 The broker, chosen once per session, in this order:
 1. ``KAFKA_BOOTSTRAP_SERVERS`` (or ``TRAJSTREAM_KAFKA__BOOTSTRAP_SERVERS``) is set: that cluster;
-   ``TRAJSTREAM_TEST_BOOTSTRAP``: the broker the run's xdist controller started for its
+   ``PYTEST_TRAJSTREAM_BOOTSTRAP``: the broker the run's xdist controller started for its
    processes (``tests/conftest.py``);
 2. a Docker engine answers: an official ``apache/kafka`` container (testcontainers);
 3. otherwise the project's own launcher: official Kafka jars fetched with Maven, a single-node
