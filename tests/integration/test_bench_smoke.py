@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import REPO_ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 SCENARIO_KEYS = {
     "ceiling": {"events", "seconds", "events_per_s"},

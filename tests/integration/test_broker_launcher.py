@@ -36,6 +36,7 @@ CACHE_DIR = Path(os.environ.get("TRAJSTREAM_CACHE_DIR", REPO_ROOT / ".cache" / "
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.long,
     pytest.mark.skipif(shutil.which("java") is None, reason="needs java on PATH"),
 ]
 

@@ -29,7 +29,12 @@ from .cluster_chaos import (
 )
 from .conftest import CACHE_DIR, Workers
 
-pytestmark = pytest.mark.integration
+# one at a time (pytest-xdist, --dist loadgroup): each loads the machine on purpose
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.long,
+    pytest.mark.xdist_group("chaos"),
+]
 
 
 @pytest.mark.timeout(420)

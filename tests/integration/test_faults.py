@@ -31,7 +31,7 @@ from streams.models import CallStatus, CommitRecord, DeadLetter, FeedbackAck
 
 from .conftest import read_topic, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 AGENT_NAMES = list(AGENTS)
 

@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import REPO_ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def test_the_gateway_benchmark_runs_and_writes_its_results(

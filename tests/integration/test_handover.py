@@ -34,7 +34,7 @@ from streams.topics import Topics
 
 from .conftest import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 PARTITIONS = 2
 

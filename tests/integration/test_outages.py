@@ -24,7 +24,7 @@ from streams.standin import StandIn
 
 from .conftest import CACHE_DIR, Workers, base_env, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 STOP_TIMEOUT_S = 5
 

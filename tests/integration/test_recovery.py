@@ -45,7 +45,7 @@ from streams.models import (
 
 from .conftest import read_topic, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 MODEL = "standin-model"
 

@@ -41,7 +41,8 @@ from streams.topics import Topics
 from .chaos import read_all
 from .conftest import REPO_ROOT, wait_for
 
-pytestmark = pytest.mark.integration
+# one process runs them all (pytest-xdist, --dist loadgroup): one registry for the run
+pytestmark = [pytest.mark.integration, pytest.mark.long, pytest.mark.xdist_group("registry")]
 # the registry calls are few and short; plain httpx keeps them readable
 # ruff: noqa: ASYNC210
 

@@ -35,7 +35,7 @@ from streams.topics import Topics, create_topics
 
 from .conftest import CACHE_DIR, REPO_ROOT, WorkerProcess, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")
