@@ -100,7 +100,7 @@ def add_gateway(sub: Any) -> None:
         "model. Agents set their client's base_url to http://HOST:PORT/calls/<call_id>/v1.",
     )
     # settings for this run (applied by streams.cli.main)
-    setting_option(p, "gateway.host", lead="listen address")
+    setting_option(p, "gateway.host")
     setting_option(p, "gateway.port", lead="listen port")
     setting_option(p, "gateway.mode")
     setting_option(p, "gateway.production_url")
