@@ -117,7 +117,7 @@ class GatewaySettings(Section):
         description="serve without api_keys on a host other than loopback (anyone who reaches "
         "it spends the production key)",
     )
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535, description="listen port")
     mode: Literal["route", "shadow"] = Field(
         default="route",
         description="route: selected calls answered by Trinity; shadow: production answers all, "
