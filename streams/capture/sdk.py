@@ -80,7 +80,7 @@ class TrajstreamProducer:
     """Publishes agent events to Kafka. Use as an async context manager.
 
     ``security`` (TLS, SASL) is ``settings.kafka.security``; unset: PLAINTEXT.
-    ``schema_registry`` is ``settings.kafka.schema_registry``: when set, :meth:`start`
+    ``schema_registry`` is ``settings.kafka.schema_registry``: when set, ``start()``
     registers the agent-events and user-feedback subjects (checking their compatibility
     level) and records are written in Confluent's wire format.
     """

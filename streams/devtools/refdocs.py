@@ -538,11 +538,25 @@ def _label(label: str) -> str:
 def _schemas() -> dict[str, dict[str, Any]]:
     from streams.codec import schema_dir
 
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
+
+    def named(node: Any, namespace: str) -> None:  # the file's type and those defined inline
+        if isinstance(node, list):
+            for item in node:
+                named(item, namespace)
+        elif isinstance(node, dict):
+            if node.get("type") in ("record", "enum") and "name" in node:
+                namespace = node.get("namespace", namespace)
+                out.setdefault(f"{namespace}.{node['name']}", node)
+            for key in ("type", "items", "values"):
+                if isinstance(node.get(key), dict | list):
+                    named(node[key], namespace)
+            for field in node.get("fields", []):
+                named(field["type"], namespace)
+
     for path in sorted(schema_dir().glob("*.avsc")):
-        schema = json.loads(path.read_text(encoding="utf-8"))
-        out[f"{schema['namespace']}.{schema['name']}"] = schema
-    return out
+        named(json.loads(path.read_text(encoding="utf-8")), "io.trajstream")
+    return dict(sorted(out.items()))
 
 
 def _short(full: str) -> str:
@@ -574,19 +588,21 @@ def _avro_type(t: Any, known: dict[str, dict[str, Any]]) -> str:
     return str(t)
 
 
-def _references(t: Any, known: dict[str, dict[str, Any]]) -> Iterator[str]:
+def _references(t: Any, known: dict[str, dict[str, Any]], root: bool = True) -> Iterator[str]:
+    """The named types ``t`` uses (an inline definition counts as a use; the root's own
+    fields are walked)."""
     if isinstance(t, list):
         for m in t:
-            yield from _references(m, known)
+            yield from _references(m, known, False)
     elif isinstance(t, dict):
-        for key in ("items", "values", "type", "fields"):
+        if not root and t.get("type") in ("record", "enum") and "name" in t:
+            yield f"{t.get('namespace', 'io.trajstream')}.{t['name']}"
+            return
+        for key in ("items", "values", "type"):
             if key in t:
-                value = t[key]
-                if key == "fields":
-                    for f in value:
-                        yield from _references(f["type"], known)
-                else:
-                    yield from _references(value, known)
+                yield from _references(t[key], known, False)
+        for f in t.get("fields", []):
+            yield from _references(f["type"], known, False)
     elif isinstance(t, str) and t in known:
         yield t
 
@@ -604,6 +620,7 @@ def _reachable(roots: list[str], known: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _record_section(full: str, schema: dict[str, Any], known: dict[str, dict[str, Any]]) -> str:
+    full = f"{schema.get('namespace', full.rsplit('.', 1)[0])}.{schema['name']}"
     out = [f"### {_short(full)}\n", f"`{full}` ({schema['type']})" + (f": {text(schema['doc'])}" if schema.get("doc") else "") + "\n"]
     if schema["type"] == "enum":
         out.append("Symbols: " + ", ".join(code(s) for s in schema["symbols"]) + ".\n")
@@ -988,7 +1005,11 @@ def otlp_page() -> str:
     )
     out.append(_reads_table(otlp.single_call_events, otlp._status))
     out.append("## Training marks\n")
-    out.append(text(rst_to_md(first_paragraph(otlp_vocab.mark_of))) + "\n")
+    out.append(
+        text(rst_to_md(first_paragraph(otlp_vocab.mark_of)))
+        + " The keys are read under the prefix `trajstream.mark.`, on the agent span or on the "
+        "chat span of a call of one step.\n"
+    )
     every = sorted(attributes_read())
     out.append("## Every attribute read\n")
     out.append(", ".join(code(a) for a in every) + "\n")
@@ -1108,9 +1129,8 @@ def python_page() -> str:
     for title, module, about, members in PYTHON_API:
         out.append(f"## {title}\n")
         out.append(about + "\n")
-        directive = [f"::: {module}", "    options:", "      show_root_heading: false", "      heading_level: 3", "      members:"]
-        directive += [f"        - {m}" for m in members]
-        out.append("\n".join(directive) + "\n")
+        for member in members:  # one directive each: the module's own docstring is internal
+            out.append(f"::: {module}.{member}\n    options:\n      heading_level: 3\n")
     return "\n".join(out)
 
 
