@@ -40,7 +40,55 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Topics", "create_topics", "wait_until_ready"]
+__all__ = ["ABOUT", "Topics", "create_topics", "wait_until_ready"]
+
+ABOUT: dict[str, tuple[str, str]] = {
+    "agent-events": ("call_id", "the agents' calls: START and END of each call, and its steps"),
+    "user-feedback": ("call_id", "users' ratings, thumbs, corrections and preferences"),
+    "ticks": (
+        "none (one per partition)",
+        "processing time, published by the leader worker every assembly.tick_s",
+    ),
+    "trajectories": (
+        "call_id",
+        "closed calls selected for training, and production-answered calls of a routing "
+        "gateway (scored for the comparison, not trained on)",
+    ),
+    "rewarded": ("call_id", "trajectories with their reward, on their way to Trinity"),
+    "ledger": (
+        "trajectory id (acks); none (ticks); agent|model (CommitResume); agent (RoutingOverride)",
+        "what Trinity acknowledged, the ledger clock, and the operators' commit resumes and "
+        "routing overrides (`trajstream commits resume`, `trajstream routing set|resume`)",
+    ),
+    "windows": ("agent|model|window_start[|upstream]", "closed reward windows"),
+    "commits": ("commit_seq", "every commit, sent or not, with what it drained"),
+    "dead-letters": (
+        "the rejected record's key",
+        "records no stage could use, with the reason, the stage and the source offset",
+    ),
+    "decisions": ("call_id", "one selection decision per closed call, selected or not"),
+    "late-events": ("the event's key", "events that arrived after their call closed"),
+    "alerts": ("agent|model", "a reward window whose mean fell below the trailing mean"),
+    "judge-requests": ("call_id", "the reward stage asks the LLM judge about a call"),
+    "verdicts": ("call_id", "the judge's verdict per call (reused by redeliveries and replays)"),
+    "spans": (
+        "trace id",
+        "the OTLP spans of one export with their parent links (otlp.resolve = trace)",
+    ),
+    "comparisons": (
+        "agent|span|window_start",
+        "the policy against production per agent and window, and over the trailing span",
+    ),
+    "routing": ("agent", "the policy's share of each agent's traffic (gateway.rollout)"),
+    "replayed": (
+        "<replay id>|<trajectory id>, <replay id>#commit, <replay id>#ledger",
+        "what `trajstream replay` got acknowledged, its commits and its commit ledger; "
+        "compacted, one partition, created by the first replay to Trinity",
+    ),
+}
+"""Each topic's key and what it is for, by role (its name after the prefix); the reference
+page of the topics is generated from this, :meth:`Topics.value_types` and :meth:`Topics.configs`
+(``python -m streams.devtools.refdocs``)."""
 
 
 @dataclass(frozen=True)

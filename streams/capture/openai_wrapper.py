@@ -55,7 +55,7 @@ _NOT_BODY = {"extra_headers", "extra_query", "extra_body", "timeout"}
 
 
 class TrajstreamCapture:
-    """A publisher on a background thread, and the routing strategy; makes :class:`CapturedCall`."""
+    """A publisher on a background thread, and the routing strategy; makes ``CapturedCall``."""
 
     def __init__(
         self,
@@ -189,7 +189,7 @@ class TrajstreamCapture:
 
 
 class CapturedCall:
-    """The open call: wrap clients with :meth:`wrap`; :meth:`end` (or leaving the block) ends it."""
+    """The open call: wrap clients with ``wrap()``; ``end()`` (or leaving the block) ends it."""
 
     def __init__(self, capture: TrajstreamCapture, start: AgentCall, route: Route) -> None:
         self._capture = capture

@@ -80,6 +80,9 @@ class OtlpIngest:
     as trace fragments, for the span-resolution stage (:mod:`.otlp_trace`)."""
 
     async def handle(self, request: web.Request) -> web.Response:
+        """An OTLP/HTTP trace export (protobuf or JSON, gzip or not): its GenAI spans
+        published as agent events (or trace fragments); 200 with ``partial_success`` naming
+        rejected spans, 400 undecodable, 413 too large, 415 other media, 503 Kafka too slow."""
         self.stats["requests"] += 1
         media = request.content_type  # without parameters such as charset
         if media not in (PROTOBUF, JSON):

@@ -102,7 +102,7 @@ class TrajstreamProducer:
     (``kafka.topic_prefix``, e.g. TRAJSTREAM_KAFKA__TOPIC_PREFIX, default ``trajstream``; and
     ``kafka.partitions``): see :func:`default_topics`.
     ``security`` (TLS, SASL) is ``settings.kafka.security``; unset: PLAINTEXT.
-    ``schema_registry`` is ``settings.kafka.schema_registry``: when set, :meth:`start`
+    ``schema_registry`` is ``settings.kafka.schema_registry``: when set, ``start()``
     registers the agent-events and user-feedback subjects (checking their compatibility
     level) and records are written in Confluent's wire format.
     """

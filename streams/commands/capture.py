@@ -96,12 +96,12 @@ def add_gateway(sub: Any) -> None:
     p = sub.add_parser(
         "gateway",
         help="the OpenAI-compatible gateway: route selected calls to Trinity, record every step",
-        description="Serve OpenAI's chat completions API in front of Trinity and a production "
-        "model. Agents set their client's base_url to http://HOST:PORT/calls/<call_id>/v1.",
+        description="Serve OpenAI's chat completions and Responses APIs and Anthropic's Messages "
+        "API in front of Trinity and a production model. Agents set their client's base_url to http://HOST:PORT/calls/<call_id>/v1.",
     )
     # settings for this run (applied by streams.cli.main)
-    setting_option(p, "gateway.host", lead="listen address")
-    setting_option(p, "gateway.port", lead="listen port")
+    setting_option(p, "gateway.host")
+    setting_option(p, "gateway.port")
     setting_option(p, "gateway.mode")
     setting_option(p, "gateway.production_url")
     p.set_defaults(func=cmd_gateway)

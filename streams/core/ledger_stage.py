@@ -12,7 +12,7 @@ feedback stage), :class:`~streams.models.Tick` (the ledger clock),
 :class:`~streams.models.CommitResume` (an operator's ``trajstream commits resume``) and
 :class:`~streams.models.RoutingOverride` (``trajstream routing set|resume``). Anything else, and
 these anywhere else, is a dead letter (:mod:`streams.envelope` checks it where the records are
-decoded; a batch holds :class:`~streams.envelope.Envelope`\ s).
+decoded; a batch holds :class:`~streams.envelope.Envelope` objects).
 
 With every decision, the windows it closed are compared (:mod:`streams.core.compare`, on
 ``comparisons``) and, with ``gateway.rollout`` on, the policy's share of each agent follows

@@ -133,7 +133,7 @@ user_rating.wants_feedback = True  # type: ignore[attr-defined]
 
 
 def judge(trajectory: Trajectory, verdict: JudgeVerdict | None = None) -> float:
-    """The LLM judge's score of the call (``reward.judge`` settings; :mod:`streams.core.judge`).
+    """The LLM judge's score of the call (``reward.judge`` settings; ``streams.core.judge``).
 
     The reward stage asks the judge once per call and calls this with the verdict it stored;
     a verdict without a score never reaches here (the call is a dead letter with its error).

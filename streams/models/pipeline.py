@@ -63,13 +63,13 @@ class Trajectory(AvroModel):
     ended_at: UtcDateTime
     closed_reason: str = "ended"
     upstream: str | None = None
-    """Who answered, as the gateway routed the call (:mod:`streams.core.arms`); None: not
+    """Who answered, as the gateway routed the call (``streams.core.arms``); None: not
     routed by a gateway."""
 
     @property
     def msg_ids(self) -> list[str]:
         """Trinity's ids of the LLM steps, in step order: what Trinity calls msg_ids (a shadowed
-        step's Trinity answer; never an id production issued, see :attr:`Completion.msg_id`)."""
+        step's Trinity answer; never an id production issued, see ``Completion.msg_id``)."""
         return [s.msg_id for s in self.steps if s.kind is StepKind.LLM and s.msg_id]
 
 

@@ -383,6 +383,8 @@ class StatusPages:
             self._reader = None
 
     async def _index(self, request: web.Request) -> web.Response:
+        """The status page (HTML): the status snapshot, recent calls, the reward trend over
+        ``?hours=``."""
         hours = float(request.query.get("hours", TREND_HOURS))
         async with self._lock:
             r = await self._open()
@@ -419,6 +421,8 @@ class StatusPages:
         return web.Response(text=page, content_type="text/html")
 
     async def _call(self, request: web.Request) -> web.Response:
+        """One call's page (HTML): its trajectory, steps and user feedback (``?p=`` partition,
+        ``?t=`` time in ms narrow the search)."""
         call_id = request.match_info["call_id"]
         key = call_id.encode()
         n = self.settings.kafka.partitions
@@ -445,6 +449,7 @@ class StatusPages:
         return web.Response(text=page, content_type="text/html")
 
     async def _json(self, request: web.Request) -> web.Response:
+        """The status snapshot as JSON (what ``trajstream status --json`` prints)."""
         async with self._lock:
             r = await self._open()
             status = await collect(self.settings, self.bootstrap, sample_gap_s=0, reader=r)

@@ -115,15 +115,20 @@ class ObserveServer:
             self._sock = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        """The worker's metrics in the Prometheus text format."""
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        """Liveness: 200 ``{"status": "alive"}``; 503 ``{"status": "stalled", "reason"}`` while
+        a table recovery or a watched input partition is stalled."""
         reason = self.metrics.stall_reason()
         if reason is not None:
             return web.json_response({"status": "stalled", "reason": reason}, status=503)
         return web.json_response({"status": "alive"})
 
     async def _readyz(self, request: web.Request) -> web.Response:
+        """Readiness: 200 once partitions are assigned and the tables recovered, else 503;
+        ``{"ready", "assigned_partitions", "tables_recovered"}``."""
         m = self.metrics
         body = {
             "ready": m.ready,

@@ -89,10 +89,21 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    app_id: str = Field(default="trajstream", pattern=r"^[A-Za-z0-9._-]+$")
-    cache_dir: Path = Path(".cache/trajstream")
-    data_dir: Path = Path(".cache/trajstream/worker")
-    log_level: Literal["debug", "info", "warn", "error"] = "info"
+    app_id: str = Field(
+        default="trajstream",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="the workers' consumer group and the names of their tables",
+    )
+    cache_dir: Path = Field(
+        default=Path(".cache/trajstream"),
+        description="the local broker's jars and state (`trajstream broker`)",
+    )
+    data_dir: Path = Field(
+        default=Path(".cache/trajstream/worker"), description="the worker's data directory"
+    )
+    log_level: Literal["debug", "info", "warn", "error"] = Field(
+        default="info", description="the worker's log level"
+    )
     stop_timeout_s: PositiveFloat = Field(
         default=15.0,
         description="a worker's graceful stop (final commit, flush) gets this long after "
@@ -111,7 +122,11 @@ class Settings(BaseSettings):
     otlp: OtlpSettings = Field(default_factory=OtlpSettings)
 
     observe: ObserveSettings = Field(default_factory=ObserveSettings)
-    config: Path | None = Field(default=None, validation_alias=AliasChoices("TRAJSTREAM_CONFIG"))
+    config: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("TRAJSTREAM_CONFIG"),
+        description="the settings file read (TOML or YAML); `--config FILE` wins over it",
+    )
 
     @field_validator("cache_dir", "data_dir")
     @classmethod

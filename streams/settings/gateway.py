@@ -68,9 +68,13 @@ class RolloutSettings(Section):
         description="the ledger owner moves each agent's policy share on <p>.routing and the "
         "gateway routes by it",
     )
-    initial_share: float = Field(default=0.05, ge=0.0, le=1.0)
+    initial_share: float = Field(
+        default=0.05, ge=0.0, le=1.0, description="an agent's first share"
+    )
     step: float = Field(default=0.1, gt=0.0, le=1.0, description="share added per promotion")
-    max_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    max_share: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="the most share promotions reach"
+    )
     floor: float = Field(default=0.0, ge=0.0, le=1.0, description="share after a rollback")
     promote_after: PositiveInt = Field(
         default=3, description="consecutive windows the policy must win with confidence"
@@ -99,7 +103,10 @@ class GatewaySettings(Section):
 
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
 
-    host: str = "127.0.0.1"
+    host: str = Field(
+        default="127.0.0.1",
+        description="listen address (other than loopback: needs api_keys or allow_anonymous)",
+    )
     api_keys: Annotated[list[GatewayKey], NoDecode] = Field(
         default_factory=list,
         description="client credentials checked on every route (a JSON list of keys, or of "
@@ -110,7 +117,7 @@ class GatewaySettings(Section):
         description="serve without api_keys on a host other than loopback (anyone who reaches "
         "it spends the production key)",
     )
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535, description="listen port")
     mode: Literal["route", "shadow"] = Field(
         default="route",
         description="route: selected calls answered by Trinity; shadow: production answers all, "
@@ -127,7 +134,9 @@ class GatewaySettings(Section):
     trinity_model: str | None = Field(
         default=None, description="model name sent to Trinity instead of the agent's"
     )
-    connect_timeout_s: PositiveFloat = 5.0
+    connect_timeout_s: PositiveFloat = Field(
+        default=5.0, description="an upstream connection not open within this: 504"
+    )
     timeout_s: PositiveFloat = Field(
         default=120.0, description="an upstream silent this long (no byte): 504"
     )
@@ -150,7 +159,10 @@ class GatewaySettings(Section):
     buffer_records: PositiveInt = Field(
         default=10_000, description="records kept in memory for Kafka; past that: spill_dir"
     )
-    spill_dir: Path = Path(".cache/trajstream/gateway-spill")
+    spill_dir: Path = Field(
+        default=Path(".cache/trajstream/gateway-spill"),
+        description="where records past buffer_records are spilled",
+    )
     flush_timeout_s: PositiveFloat = Field(
         default=10.0, description="on stop: how long to try the broker before spilling the rest"
     )

@@ -35,8 +35,12 @@ class KafkaSecuritySettings(Section):
         validate_default=True,
         description="SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (SASL_* protocols)",
     )
-    username: str | None = Field(default=None, validate_default=True)
-    password: SecretStr | None = Field(default=None, validate_default=True)
+    username: str | None = Field(
+        default=None, validate_default=True, description="SASL user (SASL_* protocols)"
+    )
+    password: SecretStr | None = Field(
+        default=None, validate_default=True, description="SASL password (secret)"
+    )
     ssl_cafile: Path | None = Field(
         default=None, description="PEM file of the CAs to trust; unset: the system's CAs"
     )
@@ -47,7 +51,10 @@ class KafkaSecuritySettings(Section):
     ssl_key_password: SecretStr | None = Field(
         default=None, description="password of an encrypted ssl_keyfile"
     )
-    ssl_check_hostname: bool = True
+    ssl_check_hostname: bool = Field(
+        default=True,
+        description="check the broker certificate's host name (the chain is verified either way)",
+    )
 
     @property
     def uses_sasl(self) -> bool:
@@ -190,9 +197,15 @@ class KafkaSettings(Section):
             "host:port[,host:port]; unset: the local broker started by `trajstream broker start`"
         ),
     )
-    topic_prefix: str = Field(default="trajstream", pattern=r"^[A-Za-z0-9._-]+$")
+    topic_prefix: str = Field(
+        default="trajstream",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="prefix of every topic (<p> in the topic names)",
+    )
     partitions: PositiveInt = Field(default=4, description="partitions of the keyed topics")
-    replication_factor: PositiveInt = 1
+    replication_factor: PositiveInt = Field(
+        default=1, description="replication factor of the topics trajstream creates"
+    )
     max_record_bytes: PositiveInt = Field(
         default=1_000_000,
         description="the largest record a worker writes (its producer's max.request.size; keep "

@@ -19,7 +19,11 @@ from .sections import PositiveFloat, PositiveInt, Section
 
 
 class TrinitySettings(Section):
-    url: str = Field(default="http://127.0.0.1:8010", pattern=r"^https?://")
+    url: str = Field(
+        default="http://127.0.0.1:8010",
+        pattern=r"^https?://",
+        description="Trinity's explorer in serve mode (or the stand-in); no credentials in it",
+    )
 
     @field_validator("url")
     @classmethod
@@ -34,8 +38,8 @@ class TrinitySettings(Section):
             )
         return v
 
-    timeout_s: PositiveFloat = 10.0
-    max_connections: PositiveInt = 16
+    timeout_s: PositiveFloat = Field(default=10.0, description="one request's timeout")
+    max_connections: PositiveInt = Field(default=16, description="connections to Trinity")
     retry_max_age_s: PositiveFloat = Field(
         default=3600.0, description="give up on a feedback (dead letter) after retrying this long"
     )
@@ -61,23 +65,39 @@ class TrinitySettings(Section):
 
 
 class SelectionSettings(Section):
-    strategy: str = Field(default="any(marked,sampling)", min_length=1)
-    rate: float = Field(default=0.1, ge=0.0, le=1.0)
-    mark_ttl_s: PositiveFloat = 60.0
+    strategy: str = Field(
+        default="any(marked,sampling)",
+        min_length=1,
+        description="which calls train: sampling[:rate], marked[:ttl], any(...), all(...), "
+        "per-agent(...), per-model(...), or a plugin (package.module:Class or an entry point)",
+    )
+    rate: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="the fraction of calls `sampling` selects"
+    )
+    mark_ttl_s: PositiveFloat = Field(
+        default=60.0,
+        description="a training mark older than this when its call ends is not honoured",
+    )
 
 
 class AssemblySettings(Section):
-    max_steps: PositiveInt = 256
+    max_steps: PositiveInt = Field(
+        default=256, description="a call with more steps closes as oversized"
+    )
     max_bytes: PositiveInt = Field(
         default=900_000,
         description="a larger call closes as oversized; at most kafka.max_record_bytes less "
         "RECORD_HEADROOM, so the stored call and its trajectory fit in one record",
     )
-    abandon_after_s: PositiveFloat = 600.0
+    abandon_after_s: PositiveFloat = Field(
+        default=600.0, description="a call without its END is closed as abandoned after this"
+    )
     late_retention_s: PositiveFloat = Field(
         default=900.0, description="how long a closed call is remembered to record late events"
     )
-    tick_s: PositiveFloat = 5.0
+    tick_s: PositiveFloat = Field(
+        default=5.0, description="how often the leader publishes clock ticks to <p>.ticks"
+    )
     max_future_s: PositiveFloat = Field(
         default=300.0,
         description="an event, user feedback or tick dated further ahead of the clock is a "
@@ -177,9 +197,21 @@ class JudgeSettings(Section):
 
 
 class RewardSettings(Section):
-    function: str = Field(default="streams.rewards:success", min_length=1)
-    weights: dict[str, float] = Field(default_factory=dict)
-    feedback_grace_s: float = Field(default=0.0, ge=0.0)
+    function: str = Field(
+        default="streams.rewards:success",
+        min_length=1,
+        description="the reward function: package.module:function or an entry point "
+        "(group trajstream.rewards); `composite` combines reward.weights",
+    )
+    weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="composite: reward function name -> weight (normalised to sum to 1)",
+    )
+    feedback_grace_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="how long a reward that wants user feedback waits for it",
+    )
     score_incomplete: bool = Field(
         default=False, description="also reward trajectories closed as abandoned or oversized"
     )
@@ -195,16 +227,34 @@ class RewardSettings(Section):
 
 class WindowSettings(Section):
     size_s: PositiveInt = Field(default=60, description="tumbling window size, whole seconds")
-    grace_s: float = Field(default=10.0, ge=0.0)
-    drift_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
-    drift_history: int = Field(default=5, ge=2)
+    grace_s: float = Field(default=10.0, ge=0.0, description="lateness a window allows")
+    drift_fraction: float = Field(
+        default=0.8,
+        gt=0.0,
+        le=1.0,
+        description="a drift alert when a window's mean falls below this fraction of the "
+        "trailing mean",
+    )
+    drift_history: int = Field(
+        default=5, ge=2, description="the earlier windows of the trailing mean"
+    )
 
 
 class CommitSettings(Section):
-    interval_s: PositiveFloat = 300.0
-    min_batch: PositiveInt = 1
-    commit_empty: bool = False
-    tick_s: PositiveFloat = 1.0
+    interval_s: PositiveFloat = Field(
+        default=300.0,
+        description="commits fall due at the end of aligned intervals of this many seconds",
+    )
+    min_batch: PositiveInt = Field(
+        default=1,
+        description="acknowledged trajectories a commit needs; a smaller batch carries over",
+    )
+    commit_empty: bool = Field(
+        default=False, description="also commit at the end of an interval without feedback"
+    )
+    tick_s: PositiveFloat = Field(
+        default=1.0, description="how often the leader publishes ticks to the ledger"
+    )
     hold_on_drift: bool = Field(
         default=False,
         description="a drift alert holds commits until a later window of its agent and model "

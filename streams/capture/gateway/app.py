@@ -185,6 +185,8 @@ class Gateway(ChatRoutes):
 
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
+        """The model list of the upstream that would answer the call (production without a
+        call id), as that upstream answers it."""
         call_id = self._call_id(request)
         which = "production"
         if call_id is not None:
@@ -217,6 +219,8 @@ class Gateway(ChatRoutes):
             return self._upstream_error(upstream_failed(which, exc, "could not be reached"), {})
 
     async def _end(self, request: web.Request) -> web.Response:
+        """The call's END: body ``{"status": "OK"|"ERROR"|"CANCELLED", "output", "error_type"}``
+        (all optional); 202 with the step count this process recorded."""
         call_id = self._call_id(request)
         assert call_id is not None
         body = await self._json_body(request, required=False)
@@ -260,6 +264,8 @@ class Gateway(ChatRoutes):
         )
 
     async def _feedback(self, request: web.Request) -> web.Response:
+        """A user feedback on the call: ``rating``, ``thumbs_up``, ``correction`` or
+        ``preferred_response_id`` (or ``kind``), as a UserFeedback; 202 with its event id."""
         call_id = self._call_id(request)
         assert call_id is not None
         body = await self._json_body(request)
@@ -305,10 +311,13 @@ class Gateway(ChatRoutes):
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        """The gateway's metrics in the Prometheus text format (no client key needed)."""
         await self.publisher.refresh()  # the recorder process's counts as of now
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _health(self, request: web.Request) -> web.Response:
+        """The gateway's counters and its publisher's state as JSON: ``status`` ok, or degraded
+        while Kafka is unreachable (still serving); no client key needed."""
         await self.publisher.refresh()
         kafka_down = self.publisher.unreachable_since is not None
         return web.json_response(
