@@ -129,7 +129,10 @@ def blocks(page: str) -> list[Block]:
 
 
 def code_lines(code: str) -> list[str]:
-    return [ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    """The lines of a block that do something: no blank or comment lines, no trailing comments
+    (set off by two spaces or more)."""
+    lines = (re.sub(r"\s{2,}#.*$", "", ln).strip() for ln in code.splitlines())
+    return [ln for ln in lines if ln and not ln.startswith("#")]
 
 
 def fixture_command(block: Block) -> list[str]:
