@@ -31,8 +31,9 @@ site and on GitHub) that says what this test does with it:
 :func:`test_every_block_is_run_or_says_why` fails for a block without a marker, an unknown
 kind, a skip without a reason, a file nobody uses without one: a new block cannot go untested
 silently. Addresses in the blocks are the defaults a reader has (the stand-in on
-``127.0.0.1:8010``, the gateway on ``127.0.0.1:8000``); the test replaces them with its own
-free ports, and gives each page its own topic prefix.
+``127.0.0.1:8010``, the gateway on ``127.0.0.1:8000``, a second gateway that must not start on
+``--port 8001``); the test replaces them with its own free ports, and gives each page its own
+topic prefix.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import yaml
 
 from streams.cli import build_parser
 from streams.cli_support import setting_env, setting_overrides
+from streams.devtools.broker import free_port
 from streams.devtools.standin import StandIn
 
 from .conftest import REPO_ROOT, WorkerProcess, base_env, gateway_process
@@ -366,7 +368,10 @@ async def test_the_page_runs_as_written(
             env=env,
             workdir=workdir,
             scratch=scratch,
-            subs={STANDIN_DEFAULT: urlsplit(standin.url).netloc},
+            subs={
+                STANDIN_DEFAULT: urlsplit(standin.url).netloc,
+                "--port 8001": f"--port {free_port()}",
+            },
             stack=stack,
             workers=workers,
             bootstrap=kafka_bootstrap,
