@@ -1,8 +1,8 @@
 """The lock file ./dev installs from meets what pyproject.toml asks for.
 
-``requirements.lock`` (uv pip compile, see the README's Dependencies) pins every package with
-its hashes; when someone changes a requirement in ``pyproject.toml`` without compiling the lock
-again, a fresh ``./dev`` would install a set that does not satisfy it: this test says which.
+``requirements.lock`` (uv pip compile, see CONTRIBUTING.md, "Dependencies") pins every package
+with its hashes; when someone changes a requirement in ``pyproject.toml`` without compiling the
+lock again, a fresh ``./dev`` would install a set that does not satisfy it: this test says which.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def test_every_requirement_is_pinned_within_its_bounds(lock: str, test: bool) ->
             wrong.append(f"{req}: not in {lock}")
         elif not req.specifier.contains(pin, prereleases=True):
             wrong.append(f"{req}: {lock} pins {pin}")
-    assert not wrong, "compile the lock again (README, Dependencies):\n" + "\n".join(wrong)
+    assert not wrong, "compile the lock again (CONTRIBUTING.md, Dependencies):\n" + "\n".join(
+        wrong
+    )
 
 
 def test_faust_is_the_version_the_handover_patch_is_for() -> None:

@@ -496,19 +496,26 @@ def test_a_judge_reward_without_its_settings_fails_at_start(tmp_path: Path) -> N
     assert spec is not None and (spec.model, spec.rubric) == ("m", "Rubric.")
 
 
-def test_the_readme_judge_example_is_valid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The README's reward.judge example loads, and names a rubric file that exists."""
+def test_the_documented_judge_example_is_valid(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The documentation's reward.judge example (the first TOML block with a ``[reward.judge]``
+    table, in the README or a page of docs/) loads, and names a rubric file that exists."""
     import re
 
     from streams.core.rewards import build_rewarder
     from streams.runtime.config import judge_of
 
     root = Path(__file__).resolve().parents[2]
-    readme = (root / "README.md").read_text()
-    section = readme[readme.index("**The LLM judge.**") :]
-    example = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
-    assert example is not None
-    (tmp_path / "judge.toml").write_text(example.group(1))
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    examples = [
+        m.group(1)
+        for page in pages
+        for m in re.finditer(r"```toml\n(.*?)```", page.read_text(), re.DOTALL)
+        if "[reward.judge]" in m.group(1)
+    ]
+    assert examples, "no TOML example with [reward.judge] in README.md or docs/"
+    (tmp_path / "judge.toml").write_text(examples[0])
     monkeypatch.chdir(root)  # the rubric file is named relative to the repository
     s = load_settings(tmp_path / "judge.toml")
     rewarder = build_rewarder(s.reward.function, s.reward.weights)
