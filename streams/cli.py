@@ -42,7 +42,7 @@ from .commands.operate import audit_table, cmd_audit, cmd_commits_resume, cmd_st
 from .commands.pipeline import cmd_replay, cmd_settings, cmd_topics, cmd_worker
 from .errors import ConfigError, TrajstreamError
 from .policy_cli import add_commands as add_policy_commands
-from .settings import load_settings
+from .settings import Settings, load_settings
 
 __all__ = [
     "audit_table",
@@ -63,6 +63,7 @@ __all__ = [
     "cmd_worker",
     "main",
     "resolve_bootstrap",
+    "startup",
 ]
 
 COMMANDS = (  # each adds its subcommand(s) and options, beside its body; in the order of --help
@@ -96,17 +97,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+              "error": logging.ERROR}  # fmt: skip
+
+
+def startup(
+    argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None
+) -> tuple[argparse.Namespace, Settings]:
+    """What every command does before it touches anything outside the process: parse ``argv``,
+    load the settings (environment, ``--config``, then the options that set a setting), and run
+    the command's own start-up checks (``check`` of its parser: e.g. the gateway refusing an open
+    relay). A setting that would stop the command raises :class:`ConfigError` naming it.
+
+    :func:`main` runs exactly this; the compose and Kubernetes tests run it on each service's
+    command and environment, so a service that would refuse to start fails a test."""
+    args = (parser or build_parser()).parse_args(argv)
+    # the options that set a setting (cli_support.setting_option) win over env and file
+    settings = load_settings(args.config, **setting_overrides(args))
+    check = getattr(args, "check", None)
+    if check is not None:
+        check(settings)
+    return args, settings
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    for noisy in ("httpx", "aiokafka"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        # the options that set a setting (cli_support.setting_option) win over env and file
-        settings = load_settings(args.config, **setting_overrides(args))
+        args, settings = startup(argv, parser)
+        # log_level is every command's (the worker passes it on to Faust too)
+        logging.basicConfig(
+            level=LOG_LEVELS[settings.log_level],
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        for noisy in ("httpx", "aiokafka"):
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, LOG_LEVELS[settings.log_level]))
         return int(args.func(args, settings))
     except ConfigError as exc:
         print(f"trajstream: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ __all__ = [
     "add_produce",
     "cmd_gateway",
     "cmd_otlp",
+    "check_gateway_settings",
     "cmd_produce",
 ]
 
@@ -104,7 +105,15 @@ def add_gateway(sub: Any) -> None:
     setting_option(p, "gateway.port")
     setting_option(p, "gateway.mode")
     setting_option(p, "gateway.production_url")
-    p.set_defaults(func=cmd_gateway)
+    p.set_defaults(func=cmd_gateway, check=check_gateway_settings)
+
+
+def check_gateway_settings(settings: Settings) -> None:
+    """The gateway's start-up checks (streams.cli.startup): an open relay, the production URL,
+    the strategy it routes by."""
+    from ..capture.gateway import check_gateway
+
+    check_gateway(settings)
 
 
 def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:

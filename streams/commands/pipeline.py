@@ -22,6 +22,7 @@ __all__ = [
     "add_settings",
     "add_topics",
     "add_worker",
+    "check_worker_settings",
     "cmd_replay",
     "cmd_settings",
     "cmd_topics",
@@ -38,7 +39,17 @@ def add_topics(sub: Any) -> None:
 
 def add_worker(sub: Any) -> None:
     p = sub.add_parser("worker", help="run a stream worker; start more to scale out")
-    p.set_defaults(func=cmd_worker)
+    p.set_defaults(func=cmd_worker, check=check_worker_settings)
+
+
+def check_worker_settings(settings: Settings) -> None:
+    """The worker's start-up checks that touch nothing outside (streams.cli.startup): Faust's
+    own environment variables, which would override the settings unseen."""
+    import os
+
+    from ..settings import check_faust_environment
+
+    check_faust_environment(os.environ)
 
 
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:

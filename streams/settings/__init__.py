@@ -102,7 +102,7 @@ class Settings(BaseSettings):
         default=Path(".cache/trajstream/worker"), description="the worker's data directory"
     )
     log_level: Literal["debug", "info", "warn", "error"] = Field(
-        default="info", description="the worker's log level"
+        default="info", description="the log level of every command (the worker passes it to Faust)"
     )
     stop_timeout_s: PositiveFloat = Field(
         default=15.0,

@@ -1,19 +1,62 @@
 """docker-compose.yml cannot start here (no Docker engine); check that it matches the real CLI
-and settings, so it does not rot while nobody runs it."""
+and settings, so it does not rot while nobody runs it: each service's command and environment
+(interpolated as ``docker compose`` does) go through :func:`streams.cli.startup`, the parsing,
+settings and start-up checks the process itself runs first."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from streams.cli import build_parser
+from streams.cli import build_parser, startup
+from streams.errors import ConfigError
 from streams.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-SERVICES = COMPOSE["services"]
+TEXT = (ROOT / "docker-compose.yml").read_text()
+
+_VARIABLE = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\})")
+
+
+def interpolate(text: str, environ: Mapping[str, str]) -> str:
+    """Compose's interpolation: ``${VAR}``, ``${VAR:-default}`` (unset or empty),
+    ``${VAR-default}`` (unset), ``$$`` for a literal ``$``."""
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        value = environ.get(m["name"])
+        if m["op"] == ":-" and not value:
+            return m["default"]
+        if m["op"] == "-" and value is None:
+            return m["default"]
+        return value or ""
+
+    return _VARIABLE.sub(one, text)
+
+
+def _interpolated(node: Any, environ: Mapping[str, str]) -> Any:
+    # compose interpolates the values of the parsed file, so a JSON value stays one string
+    if isinstance(node, str):
+        return interpolate(node, environ)
+    if isinstance(node, dict):
+        return {k: _interpolated(v, environ) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolated(v, environ) for v in node]
+    return node
+
+
+def services(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return _interpolated(yaml.safe_load(TEXT), environ or {})["services"]
+
+
+SERVICES = services()
 
 
 def test_services_are_the_broker_the_standin_the_workers_the_gateway_and_a_producer() -> None:
@@ -55,7 +98,52 @@ def test_the_gateway_routes_by_the_workers_strategy_to_the_standin() -> None:
     assert gateway["TRAJSTREAM_TRINITY__URL"] == "http://standin:8010"
     for key in ("TRAJSTREAM_SELECTION__STRATEGY", "TRAJSTREAM_SELECTION__RATE"):
         assert gateway[key] == worker[key], "the gateway must route as the workers select"
-    assert "8000:8000" in SERVICES["gateway"]["ports"]
+    assert "127.0.0.1:8000:8000" in SERVICES["gateway"]["ports"]
+
+
+def start_checks(name: str, env: Mapping[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the service's process runs before it touches anything: parse, settings, checks."""
+    for key in list(os.environ):
+        if key.startswith(("TRAJSTREAM_", "FAUST_", "F_")):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    startup(list(SERVICES[name]["command"]))
+
+
+@pytest.mark.parametrize("name", [n for n, s in SERVICES.items() if "build" in s])
+def test_each_service_passes_the_start_up_checks_of_its_command(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start_checks(name, SERVICES[name].get("environment", {}), monkeypatch)
+
+
+def test_the_gateway_takes_its_client_key_from_the_environment_with_a_demo_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert SERVICES["gateway"]["environment"]["TRAJSTREAM_GATEWAY__API_KEYS"] == "demo-key"
+    mine = services({"TRAJSTREAM_GATEWAY__API_KEYS": '[{"key": "support-key-1", "agent": "support"}]'})
+    env = mine["gateway"]["environment"]
+    start_checks("gateway", env, monkeypatch)
+    keys = load_settings().gateway.api_keys
+    assert [(k.key.get_secret_value(), k.agent) for k in keys] == [("support-key-1", "support")]
+
+
+def test_a_gateway_on_all_addresses_without_a_key_would_refuse_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check above can fail: the compose file as it was (no key) is refused, naming it."""
+    env = dict(SERVICES["gateway"]["environment"])
+    del env["TRAJSTREAM_GATEWAY__API_KEYS"]
+    with pytest.raises(ConfigError, match=r"gateway\.api_keys \[TRAJSTREAM_GATEWAY__API_KEYS\]"):
+        start_checks("gateway", env, monkeypatch)
+
+
+def test_interpolation_follows_compose() -> None:
+    env = {"SET": "x", "EMPTY": ""}
+    assert interpolate("${SET:-d} ${EMPTY:-d} ${EMPTY-d} ${UNSET-d} ${UNSET} $$x", env) == (
+        "x d  d  $x"
+    )
 
 
 def test_dockerfile_copies_what_the_package_needs() -> None:

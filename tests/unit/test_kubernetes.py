@@ -15,6 +15,7 @@ schemas (``kubernetes-validate``, offline) and against the code, so that it does
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -217,7 +218,12 @@ def test_the_gateway_listens_and_answers_where_the_manifests_say(
     settings = settings_of(rendered, monkeypatch)
     c = container(rendered, "gateway")
     assert port_of(c, "http") == settings.gateway.port and settings.gateway.host == "0.0.0.0"
-    routes = get_routes(build_gateway(settings).app())
+    # 0.0.0.0 is an open relay without client keys: the example Secret carries them; the base
+    # alone (no Secret) is refused (test_each_container_passes_its_start_up_checks)
+    served = settings.model_copy(
+        update={"gateway": settings.gateway.model_copy(update={"allow_anonymous": True})}
+    )
+    routes = get_routes(build_gateway(served if not settings.gateway.api_keys else settings).app())
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] in routes
     # replicas behind a Service that is not sticky on /calls/<id>: no step counts on END
@@ -228,17 +234,34 @@ def test_the_gateway_listens_and_answers_where_the_manifests_say(
     assert str(settings.gateway.spill_dir).startswith(
         next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "data")
     ), "the spill dir is on the pod's writable volume"
-    # 0.0.0.0 is an open relay without client keys: the example Secret carries them, the base
-    # alone (no Secret) refuses to start, naming the two settings
-    from streams.capture.auth import check_listen
 
-    g = settings.gateway
-    if by_kind(rendered, "Secret").get("trajstream-secrets") is not None:
-        assert g.api_keys and not g.allow_anonymous
-        check_listen(g.host, bool(g.api_keys), g.allow_anonymous)
-    else:
+
+@pytest.mark.parametrize("component", list(COMPONENTS))
+def test_each_container_passes_its_start_up_checks(
+    rendered: list[dict[str, Any]], component: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the pod's process runs first (streams.cli.startup: its args, the settings of the
+    ConfigMap and the Secret, the command's own checks). The overlay's pods all start; the base
+    alone has no Secret, so its gateway refuses, naming the two settings."""
+    from streams.cli import startup
+
+    settings_of(rendered, monkeypatch)
+    args = container(rendered, component)["args"]
+    has_secret = by_kind(rendered, "Secret").get("trajstream-secrets") is not None
+    if component == "gateway" and not has_secret:
         with pytest.raises(ConfigError, match=r"gateway\.api_keys.*gateway\.allow_anonymous"):
-            check_listen(g.host, bool(g.api_keys), g.allow_anonymous)
+            startup(args)
+    else:
+        startup(args)
+
+
+def test_the_example_secret_and_its_kubectl_line_carry_the_same_keys() -> None:
+    """The `kubectl create secret` line in secret.yaml's comment makes the same Secret."""
+    path = OVERLAY / "secret.yaml"
+    (secret,) = docs(path)
+    literals = set(re.findall(r"--from-literal=(TRAJSTREAM_[A-Z_]+)=", path.read_text()))
+    assert literals == set(secret["stringData"]), "the kubectl line and the Secret differ"
+    assert "TRAJSTREAM_GATEWAY__API_KEYS" in literals
 
 
 def test_the_otlp_ingest_listens_where_the_manifests_say(

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from ...errors import BadRequest
 from .app import Gateway
-from .build import build_gateway, run_gateway
+from .build import build_gateway, check_gateway, run_gateway
 from .calls import CallState, CallTable
 from .requests import openai_error, parse_messages
 
@@ -64,6 +64,7 @@ __all__ = [
     "CallTable",
     "Gateway",
     "build_gateway",
+    "check_gateway",
     "openai_error",
     "parse_messages",
     "run_gateway",

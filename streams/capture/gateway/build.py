@@ -14,13 +14,14 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from ...core.select import build_strategy
+from ...core.select import Strategy, build_strategy
 from ...io import kafka
 from ...process import keep_out_of_collections
 from ...settings import Settings
 from ...topics import Topics
 from ..publisher import Publisher
 from ..recorder import RecorderProcess, create_topics, kafka_publisher
+from ..auth import check_listen
 from ..routing import RolloutStrategy, ShareBook, check_routable
 from ..routing_follow import ShareFollower
 from .app import Gateway
@@ -29,14 +30,16 @@ from .upstream import production_url_of
 log = logging.getLogger(__name__)
 
 
-def build_gateway(
-    settings: Settings, *, producer_factory: Callable[[], AIOKafkaProducer] | None = None
-) -> Gateway:
-    """A gateway from the settings; bad settings fail here, naming the setting."""
+def check_gateway(settings: Settings) -> Strategy:
+    """The gateway's start-up checks, which touch nothing outside the process (``trajstream
+    gateway`` runs them before anything listens): the production model's URL, an open relay
+    (:func:`~streams.capture.auth.check_listen`), the selection strategy the gateway routes by.
+    Raises :class:`~streams.errors.ConfigError` naming the setting; returns the strategy."""
     from datetime import timedelta
 
-    producer_factory_given = producer_factory
     production_url_of(settings.gateway)  # before anything else: the one setting it needs
+    g = settings.gateway
+    check_listen(g.host, bool(g.api_keys), g.allow_anonymous)
     spec = settings.selection.strategy
     strategy = build_strategy(
         spec,
@@ -44,6 +47,15 @@ def build_gateway(
         mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
     )
     check_routable(strategy, spec)
+    return strategy
+
+
+def build_gateway(
+    settings: Settings, *, producer_factory: Callable[[], AIOKafkaProducer] | None = None
+) -> Gateway:
+    """A gateway from the settings; bad settings fail here, naming the setting."""
+    producer_factory_given = producer_factory
+    strategy: Strategy = check_gateway(settings)
     bootstrap = settings.bootstrap_servers
     book = ShareBook() if settings.gateway.rollout.enabled else None
     if book is not None:  # the share the ledger owner decides; the strategy for new agents
