@@ -57,6 +57,15 @@ The patch, in the order the record flows:
   back). A record dropped in a worker now holds its partition's commit until a hand-over or a
   restart reads it again, instead of being passed.
 
+- ``Consumer.getmany`` reads again the changelog records it throws away while a table recovery
+  reads them. Faust drops a fetch that returns while the flow is stopped (~758-766) and seeks
+  back to the committed offsets; a changelog partition has none, so its fetcher stayed past the
+  records, and a recovery that still needed them waited for ever ("No event received for active
+  tp ... since recovery start", faust-streaming#629). With the recovery's seek coming right
+  after the assignment (``stream_recovery_delay`` is 0), a fetch begun before the rebalance
+  returns in that window. Such a partition is sought back to the record after the last one
+  the recovery read (:func:`reread_from`); records read twice are skipped by the recovery.
+
 What it costs: after a seek, an offset missing at the very head of the first fetch (a
 transaction marker or compacted record right at the committed offset) is not learnt as a gap and
 holds that partition's commit until the worker restarts. trajstream's input topics are neither
@@ -84,6 +93,10 @@ Test-only hooks (read once by :func:`install`; never set them in production):
   that returns while a rebalance stops the flow (``consumer.py`` ~758-766, "getmany called
   while flow not active. Seek back to committed offsets"), counting on the seek to read them
   again. The worker logs a warning saying what it dropped.
+- ``TESTONLY_TRAJSTREAM_STOP_FLOW_IN_RECOVERY=1``: the first fetch of a table recovery that
+  returns changelog records the recovery still needs stops the flow as it returns (as a
+  rebalance starting at that moment does) and resumes it a second later, so that Faust's
+  ``getmany`` throws the fetch away (~768). The worker logs a warning saying what it returned.
 """
 
 from __future__ import annotations
@@ -101,9 +114,11 @@ __all__ = [
     "FAUST_VERSION",
     "HandoverPatchError",
     "committable",
+    "dropped_fetched",
     "fetched_gaps",
     "install",
     "installed",
+    "reread_from",
 ]
 
 FAUST_VERSION = "0.15.3"
@@ -115,6 +130,7 @@ _ENV_AGENT_DELAY = "TESTONLY_TRAJSTREAM_AGENT_DELAY_S"
 _ENV_ACK_LOG = "TESTONLY_TRAJSTREAM_ACK_LOG"
 _ENV_DROP_FETCHED = "TESTONLY_TRAJSTREAM_DROP_FETCHED"
 _ENV_DROP_BEFORE_SEEK = "TESTONLY_TRAJSTREAM_DROP_BEFORE_SEEK"
+_ENV_STOP_FLOW_IN_RECOVERY = "TESTONLY_TRAJSTREAM_STOP_FLOW_IN_RECOVERY"
 
 _state: dict[str, Any] = {"patched": False, "hooks": False}
 
@@ -213,6 +229,7 @@ def _patch() -> None:
     Consumer._wait_next_records = _fetch_wrapper(  # type: ignore[method-assign]
         Consumer._wait_next_records
     )
+    Consumer.getmany = _getmany  # type: ignore[method-assign]
 
 
 def _epoch(consumer: Any) -> tuple[int, int]:
@@ -313,6 +330,122 @@ def _new_offset(self: Any, tp: Any) -> int | None:
     del acked[: len(done)]
     acked_index.difference_update(done)
     return offset
+
+
+def reread_from(seen: int | None, last_dropped: int) -> int | None:
+    """Where a recovering changelog partition must be read again after a fetch of it up to
+    ``last_dropped`` was thrown away; ``seen`` is the last offset the recovery read (``-1``:
+    none yet; ``None``: its start offsets are not built yet, and its own seek comes next).
+
+    >>> reread_from(52, 79)   # the recovery needs 53..79 again
+    53
+    >>> reread_from(-1, 24)   # read nothing yet: from the start
+    0
+    >>> reread_from(80, 79)   # what went was read already
+    >>> reread_from(None, 9)  # the recovery's seek follows
+    """
+    if seen is None or seen >= last_dropped:
+        return None
+    return 0 if seen < 0 else seen + 1
+
+
+def dropped_fetched(
+    fetched: Mapping[Any, Sequence[int]], delivered: Mapping[Any, set[int]]
+) -> dict[Any, int]:
+    """The partitions of a fetch whose records were not all delivered, with the last offset
+    fetched of each (what has to be read again, at most).
+
+    >>> dropped_fetched({"a": [4, 5, 6], "b": [1, 2]}, {"a": {4, 5, 6}, "b": {1}})
+    {'b': 2}
+    """
+    return {
+        tp: offsets[-1]
+        for tp, offsets in fetched.items()
+        if offsets and not set(offsets) <= delivered.get(tp, set())
+    }
+
+
+async def _getmany(self: Any, timeout: float) -> Any:
+    """Faust 0.15.3's ``Consumer.getmany`` (``transport/consumer.py`` ~693), which also reads
+    again the changelog records it throws away while a recovery reads them (see the module)."""
+    records, active_partitions = await self._wait_next_records(timeout)
+    generation_id = self.app.consumer_generation_id
+    if records is None or self.should_stop:
+        return
+    delivered: dict[Any, set[int]] = {}
+    records_it = self.scheduler.iterate(records)
+    to_message = self._to_message  # localize
+    if self.flow_active:
+        for tp, record in records_it:
+            if not self.flow_active:
+                break
+            new_generation_id = self.app.consumer_generation_id
+            if new_generation_id != generation_id:
+                self.log.dev(
+                    "Generation id changed from %r to %r. Cancelling getmany.",
+                    generation_id,
+                    new_generation_id,
+                )
+                break
+            if (
+                active_partitions is None
+                or tp in active_partitions
+                or tp in self._buffered_partitions
+            ):
+                highwater_mark = self.highwater(tp)
+                self.app.monitor.track_tp_end_offset(tp, highwater_mark)
+                delivered.setdefault(tp, set()).add(record.offset)
+                # convert timestamp to seconds from int milliseconds.
+                yield tp, to_message(tp, record)
+    else:
+        self.log.dev("getmany called while flow not active. Seek back to committed offsets.")
+        try:
+            await self.perform_seek()
+        except Exception as ex:
+            self.log.warning(f"exception performing seek when flow not active {ex}")
+    if len(delivered) < len(records) or any(
+        len(delivered.get(tp, ())) < len(recs) for tp, recs in records.items()
+    ):
+        await _reread_changelogs(self, records, delivered)
+
+
+async def _reread_changelogs(
+    consumer: Any, records: Mapping[Any, Sequence[Any]], delivered: Mapping[Any, set[int]]
+) -> None:
+    """Seek back the recovering changelog partitions of a fetch Faust threw away: the seek to
+    the committed offsets that Faust counts on does not move them (they have none), so the
+    recovery would wait for records its fetcher is already past, for ever."""
+    app = consumer.app
+    if not app.in_recovery:
+        return  # the next recovery seeks its partitions itself
+    changelogs = {
+        tp: [r.offset for r in recs]
+        for tp, recs in records.items()
+        if recs and consumer._is_changelog_tp(tp)
+    }
+    recovery = app.tables.recovery
+    for tp, last in dropped_fetched(changelogs, delivered).items():
+        if tp in recovery.active_tps:
+            seen = recovery.active_offsets.get(tp)
+        elif tp in recovery.standby_tps:
+            seen = recovery.standby_offsets.get(tp)
+        else:
+            continue
+        offset = reread_from(seen, last)
+        if offset is None:
+            continue
+        consumer.log.warning(
+            "changelog records %s[%s] ..%s fetched during recovery were thrown away "
+            "(a fetch returned while the flow was stopped): reading them again from %s",
+            tp.topic,
+            tp.partition,
+            last,
+            offset,
+        )
+        try:
+            await consumer.seek(tp, offset)
+        except Exception as exc:  # revoked meanwhile: the next recovery seeks it
+            consumer.log.warning("changelog %r not read again: %r", tp, exc)
 
 
 async def _perform_seek(self: Any) -> None:
@@ -461,6 +594,8 @@ def _install_test_hooks(env: Mapping[str, str]) -> None:
             return await original_seek_to_committed(self)
 
         ThreadDelegateConsumer.seek_to_committed = seek_to_committed_dropping  # type: ignore[method-assign]
+    if env.get(_ENV_STOP_FLOW_IN_RECOVERY) == "1":
+        _hook_stop_flow_in_recovery()
     if seek_delay > 0:
         from faust.transport.consumer import ThreadDelegateConsumer
 
@@ -501,6 +636,39 @@ def _install_test_hooks(env: Mapping[str, str]) -> None:
             return result
 
         Consumer.ack = ack  # type: ignore[method-assign]
+
+
+def _seen(offset: int | None) -> int:
+    return -1 if offset is None else offset
+
+
+def _hook_stop_flow_in_recovery() -> None:
+    """The first fetch of a recovery that returns changelog records the recovery still needs
+    stops the flow as it returns, as a rebalance starting then does, and resumes it a second
+    later: Faust's own ``getmany`` throws that fetch away."""
+    from faust.transport.consumer import Consumer
+
+    original = Consumer._wait_next_records
+
+    async def _wait_next_records(self: Any, timeout: float) -> Any:
+        records, active = await original(self, timeout)
+        if records and not _state.get("stopped_flow_in_recovery") and self.app.in_recovery:
+            recovery = self.app.tables.recovery
+            needed = {
+                f"{tp.topic}[{tp.partition}]": f"{recs[0].offset}..{recs[-1].offset}"
+                for tp, recs in records.items()
+                if recs
+                and tp in recovery.active_tps
+                and _seen(recovery.active_offsets.get(tp)) < recs[-1].offset
+            }
+            if needed:
+                _state["stopped_flow_in_recovery"] = True
+                self.stop_flow()
+                asyncio.get_running_loop().call_later(1.0, self.resume_flow)
+                self.log.warning("testonly: stopped the flow as a recovery fetch returned: %s", needed)
+        return records, active
+
+    Consumer._wait_next_records = _wait_next_records  # type: ignore[method-assign]
 
 
 async def _drop_fetched(consumer: Any, topic: str, wait_s: float = 10.0) -> dict[str, str]:
