@@ -78,7 +78,7 @@ and 120 s), so that a restart fits in a run."""
 
 
 class Liveness:
-    """A liveness probe, as a deployment has one (README, "Metrics and health"): every
+    """A liveness probe, as a deployment has one (docs/how-to/monitoring.md): every
     ``every`` seconds it asks each running worker's ``/healthz``; a worker that answers 503
     (its tables' recovery has read nothing for ``observe.recovery_stall_s``, or a partition of
     agent-events has stopped moving for ``observe.consumption_stall_s``) is stopped (SIGTERM,
