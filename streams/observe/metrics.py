@@ -90,7 +90,7 @@ METRICS: dict[str, str] = {
     "trajstream_consumption_stalled_seconds": "per watched input partition with records "
     "waiting: seconds since the group's committed offset last moved (absent when it moves)",
 }
-"""Every metric name with what it counts (the README's table is this)."""
+"""Every metric name with what it counts (docs/reference/metrics.md is generated from this)."""
 
 
 class Metrics:

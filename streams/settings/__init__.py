@@ -80,7 +80,7 @@ __all__ = [
 
 
 class Settings(BaseSettings):
-    """Every setting of trajstream, with its environment variable in brackets in the README."""
+    """Every setting of trajstream, with its environment variable in brackets in docs/reference/settings.md (generated)."""
 
     model_config = SettingsConfigDict(
         env_prefix="TRAJSTREAM_",

@@ -187,8 +187,9 @@ def test_exports_that_reach_the_workers_before_the_agent_span_give_the_same_traj
 
 
 def test_steps_exported_after_the_agent_span_come_too_late() -> None:
-    """The limit of a stateless ingest, documented in the README: the workers close a call at
-    its END; a child span that reaches them after its agent span is a late event."""
+    """The limit of a stateless ingest, documented in docs/how-to/capture-otlp.md: the workers
+    close a call at its END; a child span that reaches them after its agent span is a late
+    event."""
     spans = agent_call_spans()
     late = trajectory_of(
         map_request(export(spans[CHAT1], spans[TOOL], spans[AGENT])),

@@ -131,7 +131,7 @@ def test_a_trajectory_or_a_tick_on_the_user_feedback_topic_is_a_dead_letter() ->
 
 
 def corrected_means_wrong(t):  # type: ignore[no-untyped-def]
-    """The README's example: a call a user corrected gets 0, others 1 when they succeeded."""
+    """The rewards guide's example (docs/how-to/rewards.md): a call a user corrected gets 0, others 1 when they succeeded."""
     from streams.models import CallStatus, FeedbackKind
 
     if any(f.kind is FeedbackKind.CORRECTION and f.correction for f in t.feedback):
