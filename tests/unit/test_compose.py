@@ -150,3 +150,40 @@ def test_dockerfile_copies_what_the_package_needs() -> None:
     text = (ROOT / "Dockerfile").read_text()
     for part in ("schemas", "streams", "pyproject.toml", 'ENTRYPOINT ["trajstream"]'):
         assert part in text
+
+
+def _seconds(duration: str) -> float:
+    """Compose's durations as this file writes them: ``30s``, ``1m30s``."""
+    parts = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", duration)
+    assert parts and duration, f"unreadable duration {duration!r}"
+    return 60 * int(parts[1] or 0) + int(parts[2] or 0)
+
+
+@pytest.mark.parametrize("name", ["worker", "gateway"])
+def test_a_graceful_stop_gets_its_time_before_compose_kills_the_container(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compose kills a container 10 s after SIGTERM unless told otherwise; the worker's final
+    commit and flush take up to ``stop_timeout_s``, the gateway's flush ``flush_timeout_s``."""
+    start_checks(name, SERVICES[name]["environment"], monkeypatch)
+    settings = load_settings()
+    needed = settings.stop_timeout_s if name == "worker" else settings.gateway.flush_timeout_s
+    grace = _seconds(SERVICES[name].get("stop_grace_period", "10s"))
+    assert grace > needed, f"{name}: stop_grace_period {grace:g}s, its stop needs {needed:g}s"
+
+
+def test_what_the_gateway_spilled_outlives_its_container(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``docker compose down`` removes containers, not named volumes: the spill directory must be
+    one, or records the broker never received go with the container."""
+    start_checks("gateway", SERVICES["gateway"]["environment"], monkeypatch)
+    spill_dir = str(load_settings().gateway.spill_dir)
+    # short syntax: SOURCE:TARGET[:MODE]; a SOURCE not a path is a named volume
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in SERVICES["gateway"].get("volumes", [])}
+    source = mounts.get(spill_dir)
+    assert source is not None, f"{spill_dir} is not mounted: it would go with the container"
+    assert not source.startswith((".", "/", "~")), f"{spill_dir} is on a bind mount, {source}"
+    assert source in (yaml.safe_load(TEXT).get("volumes") or {}), f"volume {source} undeclared"
+
+
+def test_compose_durations_read_as_compose_reads_them() -> None:
+    assert [_seconds(d) for d in ("30s", "1m", "1m30s")] == [30, 60, 90]
