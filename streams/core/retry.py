@@ -80,6 +80,6 @@ def backoff_delays(
     raw = float(base)
     while True:
         delay = raw * (1.0 + draw.uniform(-jitter, jitter)) if jitter else raw
-        yield min(cap, delay)
+        yield float(min(cap, delay))
         # Multiply step by step rather than base * factor**n: the power overflows for large n.
         raw = min(cap, raw * factor)

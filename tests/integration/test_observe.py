@@ -15,7 +15,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import sys
 import tempfile
 
@@ -25,6 +24,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
+from streams.devtools.broker import free_port
 from streams.devtools.traffic import AGENTS, simulate_call
 from streams.io.trinity import TrinityClient
 from streams.models import CommitRecord, DeadLetter, WindowSummary
@@ -38,12 +38,6 @@ pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENSHOT = os.environ.get("TRAJSTREAM_STATUS_SCREENSHOT")  # set to save the page's image
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _traffic(bootstrap, prefix, standin, calls, *, pause=0.0, seed=3):
@@ -132,7 +126,7 @@ async def _until(client: httpx.AsyncClient, url: str, status: int, other: int) -
 
 
 async def test_worker_metrics_health_and_status(kafka_bootstrap, prefix, standin, workers):
-    port = _free_port()
+    port = free_port()
     worker = workers(
         TRAJSTREAM_TRINITY__URL=standin.url,
         TRAJSTREAM_SELECTION__STRATEGY="sampling:1",
@@ -233,7 +227,7 @@ async def test_a_partition_that_makes_no_progress_fails_health_then_stops_the_wo
     with a record waiting, and /healthz says so once observe.consumption_stall_s has passed;
     observe.exit_after_stall_s later the worker stops itself, exit status 75, for whatever runs
     it to start it again."""
-    port = _free_port()
+    port = free_port()
     topic = f"{prefix}.agent-events"
     worker = workers(
         TRAJSTREAM_TRINITY__URL=standin.url,
@@ -307,7 +301,7 @@ async def test_status_page_in_chromium(kafka_bootstrap, prefix, standin, workers
     )
     runner = web.AppRunner(application(settings, kafka_bootstrap))
     await runner.setup()
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         index = await _chromium("--dump-dom", f"http://127.0.0.1:{port}/")

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from streams.devtools.broker import free_port
 from streams.devtools.standin import Fault, StandIn, fetch_state, reset_state, set_fault
 from streams.errors import TrinityRejected, TrinityUnavailable
 from streams.io.trinity import TrinityClient
@@ -503,9 +504,7 @@ async def test_stop_while_down_leaves_nothing_behind() -> None:
 
 
 def test_run_serves_until_sigterm() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     code = f"from streams.devtools.standin import run; run('127.0.0.1', {port})"
@@ -513,7 +512,7 @@ def test_run_serves_until_sigterm() -> None:
         [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a ceiling: it waits for the answer, not a clock
         while True:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:

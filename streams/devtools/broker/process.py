@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,6 +29,8 @@ from aiokafka.errors import KafkaError
 from streams.errors import BrokerError
 
 __all__ = [
+    "chosen_port_range",
+    "ephemeral_range",
     "free_port",
     "free_ports",
     "is_broker_process",
@@ -46,17 +49,70 @@ _T = TypeVar("_T")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
+    """A TCP port on ``host`` that nothing listens on right now (see :func:`free_ports`)."""
     return free_ports(host, 1)[0]
 
 
+# Where the OS takes the local ports of outgoing connections and of binds to port 0 (Linux).
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_CHOSEN_PORT = 10_000
+_CANDIDATES_TRIED = 200
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The OS's ephemeral port range ``(first, last)``, or None where it cannot be read."""
+    try:
+        first, last = (int(field) for field in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return first, last
+
+
+def chosen_port_range(ephemeral: tuple[int, int] | None) -> range | None:
+    """Where :func:`free_ports` chooses: the ports below the ephemeral range, from
+    :data:`LOWEST_CHOSEN_PORT`; None (let the OS choose) where that leaves fewer than 1,000.
+
+    >>> chosen_port_range((32768, 60999))
+    range(10000, 32768)
+    >>> chosen_port_range((10500, 60999)) is None
+    True
+    >>> chosen_port_range(None) is None
+    True
+    """
+    if ephemeral is None or ephemeral[0] - LOWEST_CHOSEN_PORT < 1_000:
+        return None
+    return range(LOWEST_CHOSEN_PORT, ephemeral[0])
+
+
 def free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct free ports: every socket is held until all are bound."""
+    """``count`` distinct ports on ``host`` that nothing listens on now: every socket is held
+    until all are bound.
+
+    A port is chosen to be bound later, by another process (a broker, a controller, a
+    registry). Chosen in the ephemeral range, it can be taken in between by any process of the
+    machine: by a bind to port 0 or as the local port of an outgoing connection (on loopback a
+    client connecting to a port nobody listens on yet can even connect to itself). Seen in the
+    test run on a loaded machine: the voter port of a 3-node cluster taken by another test's
+    HTTP server before that voter started, its peers reading the server's answer as a Kafka
+    frame size (``OutOfMemoryError``), the voter failing with "Address already in use". So the
+    ports are chosen at random below the ephemeral range (:func:`chosen_port_range`), where
+    neither happens; the OS chooses where that range is unknown (not Linux) or too small.
+    """
+    candidates = chosen_port_range(ephemeral_range())
+    rng = random.SystemRandom()
     with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        tried = 0
+        while len(ports) < count:
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
+            if candidates is not None and tried < _CANDIDATES_TRIED:
+                tried += 1
+                try:
+                    sock.bind((host, rng.choice(candidates)))
+                except OSError:
+                    continue
+            else:
+                sock.bind((host, 0))
             ports.append(int(sock.getsockname()[1]))
         return ports
 

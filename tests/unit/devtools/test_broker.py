@@ -153,6 +153,52 @@ def test_free_ports_are_distinct() -> None:
     assert len(set(ports)) == 5
 
 
+def test_free_ports_are_chosen_below_the_ephemeral_range() -> None:
+    """Where the OS takes ports for outgoing connections and binds to port 0, another process
+    could take a chosen port before the broker binds it."""
+    ephemeral = process_module.ephemeral_range()
+    if process_module.chosen_port_range(ephemeral) is None:
+        pytest.skip(f"no room below this machine's ephemeral port range {ephemeral}")
+    assert ephemeral is not None
+    ports = process_module.free_ports("127.0.0.1", 20)
+    assert len(set(ports)) == 20
+    assert all(process_module.LOWEST_CHOSEN_PORT <= p < ephemeral[0] for p in ports)
+    with socket.socket() as other:  # what any other process gets from the OS
+        other.bind(("127.0.0.1", 0))
+        assert other.getsockname()[1] >= ephemeral[0]
+
+
+def test_ephemeral_range_read_from_the_os_file(tmp_path: Path) -> None:
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    assert process_module.ephemeral_range(ranges) == (32768, 60999)
+    ranges.write_text("garbage\n")
+    assert process_module.ephemeral_range(ranges) is None
+    assert process_module.ephemeral_range(tmp_path / "absent") is None
+
+
+def test_free_ports_let_the_os_choose_without_room_below_the_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(process_module, "ephemeral_range", lambda: (10_200, 60_999))
+    ports = process_module.free_ports("127.0.0.1", 3)
+    assert len(set(ports)) == 3
+    assert all(port_is_free("127.0.0.1", p) for p in ports)
+
+
+def test_free_ports_fall_back_to_the_os_when_the_candidates_are_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        # the only candidate is taken: every try fails, then the OS chooses
+        monkeypatch.setattr(process_module, "chosen_port_range", lambda _: range(taken, taken + 1))
+        ports = process_module.free_ports("127.0.0.1", 2)
+    assert taken not in ports
+    assert len(set(ports)) == 2
+
+
 # --- executables ------------------------------------------------------------------------
 
 
