@@ -252,12 +252,21 @@ class Ports(Guard):
     async def final_commit(self) -> None:
         """On a graceful stop: commit what was acknowledged, if this worker holds the ledger.
 
-        It holds it when its ledger table has a state, and also when it was assigned the
-        ledger and the table was restored with none yet: a stop that comes right after a
-        rebalance, before the ledger agent took its first record, still commits the
-        acknowledgements on ``<p>.ledger`` (read here from the start). A worker whose table
-        was not restored (a stop during recovery) leaves the batch to the next owner."""
-        if not (self.ledger_stage.exists() or self._ledger_restored):
+        It holds it when the last rebalance assigned it the ledger and its tables' recovery
+        completed since (``_ledger_restored``, cleared when a rebalance revokes), also when
+        the table was restored with no state yet: a stop right after a rebalance, before the
+        ledger agent took its first record, still commits the acknowledgements on
+        ``<p>.ledger`` (read here from the start). A worker stopped during a rebalance or a
+        recovery leaves the batch to the next owner: its table may hold a state it has not
+        finished restoring (an in-memory table is re-read from the changelog's start, so
+        mid-recovery it holds an older state), and a commit from it would count again what
+        an earlier commit drained."""
+        if not self._ledger_restored or getattr(self.app, "in_recovery", False):
+            if self.ledger_stage.exists():
+                log.info(
+                    "final commit left to the next owner of the ledger: "
+                    "stopped during a rebalance or a table recovery"
+                )
             return
 
         async def read(state: LedgerState) -> list[Envelope]:

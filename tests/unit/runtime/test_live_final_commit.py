@@ -1,7 +1,8 @@
 """A graceful stop's final commit, without a broker: the worker that holds the ledger commits
 what was acknowledged, also when its ledger table was restored with no state yet (a stop right
 after a rebalance, before the ledger agent took its first record); a worker whose table was not
-restored leaves the batch to the next owner."""
+restored, or is being restored again (a stop during a rebalance or a recovery, when an in-memory
+table may hold an older state), leaves the batch to the next owner."""
 
 from __future__ import annotations
 
@@ -88,3 +89,37 @@ async def test_a_worker_that_does_not_hold_a_restored_ledger_leaves_the_batch(
     assert not p._ledger_restored
     await p.final_commit()
     assert (trinity.commits, recorded, p.ledger_stage.exists()) == (0, [], False)
+
+
+async def _commit_then_rebalance(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """The CI failure of ``test_two_workers_one_stopped_mid_traffic`` (one worker joined late):
+    the ledger's owner commits 6 acknowledgements; a rebalance revokes and gives it the ledger
+    again, and its recovery re-reads the changelog from the start, so the table holds the state
+    from before that commit when the stop comes."""
+    p, trinity, recorded = stopping(monkeypatch, acks=6)
+    p._ledger_restored = p._holds_ledger(Assignment((p.topics.ledger, 0)))
+    before = p.ledger_stage.load()  # the state the changelog's first records hold
+    await p.final_commit()  # stands for the interval's commit: the 6 acknowledgements drained
+    assert trinity.commits == 1 and recorded[0].feedback_count == 6
+    p._ledger_restored = False  # on_partitions_revoked
+    p.ledger_stage.save(before)  # the recovery, part way through the changelog
+    return p, trinity, recorded
+
+
+async def test_a_stop_during_a_rebalance_leaves_the_batch_and_counts_nothing_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p, trinity, recorded = await _commit_then_rebalance(monkeypatch)
+    assert p.ledger_stage.exists()
+    await p.final_commit()
+    assert trinity.commits == 1, "a commit from a state still being restored"
+    assert len(recorded) == 1
+
+
+async def test_a_stop_during_a_recovery_leaves_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    p, trinity, recorded = await _commit_then_rebalance(monkeypatch)
+    # a recovery that began after the last rebalance completed (its signal came late)
+    p._ledger_restored = True
+    monkeypatch.setattr(p.app, "in_recovery", True, raising=False)
+    await p.final_commit()
+    assert (trinity.commits, len(recorded)) == (1, 1)
