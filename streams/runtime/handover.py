@@ -44,7 +44,15 @@ The patch, in the order the record flows:
   (compaction, transaction markers). ``Consumer._add_gap``, fed by the resettable read offset,
   does nothing.
 - ``Consumer._new_offset`` commits only a contiguous run of acknowledged (or gap) offsets that
-  starts exactly at the committed offset (0 included); a hole at the head holds the commit.
+  starts exactly at the committed offset (0 included); a hole at the head holds the commit. A
+  partition whose committed offset is not known yet (``None``: between an assignment and the
+  end of the seek that follows it) commits nothing: upstream starts the run at the lowest
+  offset acknowledged, and a commit made while the seek was on its way passed records a
+  rebalance had dropped (found in a chaos run on a loaded machine: the seek took 1.3 s, the
+  table recovery had started the fetcher, and the commit timer passed five records).
+- ``Consumer._read_offset`` is a :class:`ReadOffsets`, which never drops a record of an input
+  topic as read already: a record fetched before a seek and delivered after it moved the read
+  offset past the records the seek was to read again, and those were dropped.
 - ``Consumer.perform_seek`` keeps a committed offset of 0 (upstream stores it as ``None``) and
   never moves the committed offset back: the committed offsets it reads may predate a commit
   made while it waited (upstream then forgets that commit; with the strict rule above, the
@@ -55,7 +63,11 @@ The patch, in the order the record flows:
   that a hand-over dropped was passed by the first commit after it (found in the fault tests:
   the first record of a ``<p>.rewarded`` partition, fetched just before a rebalance, never fed
   back). A record dropped in a worker now holds its partition's commit until a hand-over or a
-  restart reads it again, instead of being passed.
+  restart reads it again, instead of being passed. It also forgets the acknowledgements made
+  before it: every partition is read again from its committed offset, and Faust's stream
+  acknowledges an event it skips unhandled while a rebalance has the flow stopped
+  (``streams.py`` ~1287/1342). The first offsets are asked for again a few times; while not
+  known, the partition commits nothing.
 
 - ``Consumer.getmany`` reads again the changelog records it throws away while a table recovery
   reads them. Faust drops a fetch that returns while the flow is stopped (~758-766) and seeks
@@ -113,6 +125,7 @@ from ..errors import HandoverPatchError
 __all__ = [
     "FAUST_VERSION",
     "HandoverPatchError",
+    "ReadOffsets",
     "committable",
     "dropped_fetched",
     "fetched_gaps",
@@ -164,20 +177,22 @@ def committable(committed: int | None, done: Iterable[int]) -> int | None:
     """The offset to commit: the end of the contiguous run of ``done`` offsets from ``committed``.
 
     ``done`` holds acknowledged offsets and offsets known not to exist. ``None``: nothing to
-    commit (no run starts at ``committed``). With ``committed`` unknown, the run starts at the
-    lowest offset done, as Faust does for a partition never committed.
+    commit (no run starts at ``committed``). With ``committed`` unknown (``None``: the seek that
+    ends a rebalance has not set it yet), nothing is committed: Faust starts the run at the
+    lowest offset done, which passes any record dropped below it.
 
     >>> committable(15, [16, 17])  # 15 was never handled: the hole holds the commit
     >>> committable(15, [15, 16, 18])
     17
     >>> committable(0, [1])
+    >>> committable(None, [13, 14, 15])  # where the run starts is not known yet
     """
-    offsets = sorted(set(done))
+    if committed is None:
+        return None
+    offsets = sorted(o for o in set(done) if o >= committed)
     if not offsets:
         return None
-    start = offsets[0] if committed is None else committed
-    if committed is not None:
-        offsets = [o for o in offsets if o >= committed]
+    start = committed
     nxt = start
     for o in offsets:
         if o != nxt:
@@ -230,6 +245,50 @@ def _patch() -> None:
         Consumer._wait_next_records
     )
     Consumer.getmany = _getmany  # type: ignore[method-assign]
+    Consumer.__init__ = _init_wrapper(Consumer.__init__)  # type: ignore[method-assign]
+
+
+def _init_wrapper(original: Any) -> Any:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        app = self.app  # its topics (the conductor) are built later: looked up per record
+        self._read_offset = ReadOffsets(lambda topic: app.topics.acks_enabled_for(topic))
+
+    return __init__
+
+
+class ReadOffsets(dict[Any, int | None]):
+    """Faust's read offsets (``Consumer._read_offset``), which drop nothing of an input topic.
+
+    Faust drops a fetched record whose offset is below its partition's read offset, as read
+    already (``_drain_messages`` ~1209-1226); a seek sets the read offset to where it goes. But
+    a record fetched before a seek and delivered after it (the rest of a fetch being handed
+    out, or one whose delivery waited on a full agent queue) sets the read offset again, past
+    the records the seek is to read again: those are dropped, never handled, and hold the
+    partition's commit for ever (found in a chaos run: a partition sought back to its first
+    offset stayed at offset 0 until the stall watch restarted the worker). For a topic whose
+    records are acknowledged this mapping answers "nothing read yet", so every record fetched
+    is delivered; one read twice is handled twice (at-least-once; effects are idempotent).
+    Other topics (changelogs) keep Faust's rule.
+
+    >>> from faust.types import TP
+    >>> offsets = ReadOffsets(lambda topic: topic == "in")
+    >>> offsets[TP("in", 0)] = 40
+    >>> offsets[TP("changelog", 0)] = 40
+    >>> offsets[TP("in", 0)], offsets[TP("changelog", 0)], offsets[TP("changelog", 1)]
+    (None, 40, None)
+    """
+
+    __slots__ = ("_acks_enabled_for",)
+
+    def __init__(self, acks_enabled_for: Any) -> None:
+        super().__init__()
+        self._acks_enabled_for = acks_enabled_for
+
+    def __getitem__(self, tp: Any) -> int | None:
+        if self._acks_enabled_for(tp.topic):
+            return None
+        return self.get(tp)
 
 
 def _epoch(consumer: Any) -> tuple[int, int]:
@@ -317,8 +376,8 @@ def _new_offset(self: Any, tp: Any) -> int | None:
         gaps.chop(0, max(max(acked) + 1, top))
     acked.sort()
     committed = self._committed_offset[tp]
-    offset = committable(committed, acked)
-    if offset is None:
+    upto = committable(committed, acked)
+    if upto is None:
         if committed is not None:
             # drop what is below the committed offset: handled again after a seek, already in
             stale = [o for o in acked if o < committed]
@@ -326,10 +385,10 @@ def _new_offset(self: Any, tp: Any) -> int | None:
                 del acked[: len(stale)]
                 acked_index.difference_update(stale)
         return None
-    done = [o for o in acked if o < offset]
+    done = [o for o in acked if o < upto]
     del acked[: len(done)]
     acked_index.difference_update(done)
-    return offset
+    return upto
 
 
 def reread_from(seen: int | None, last_dropped: int) -> int | None:
@@ -450,9 +509,12 @@ async def _reread_changelogs(
 
 async def _perform_seek(self: Any) -> None:
     """Faust's ``Consumer.perform_seek``, keeping a committed offset of 0 and the fetch epoch;
-    a partition the group never committed starts its run at the partition's first offset."""
+    a partition the group never committed starts its run at the partition's first offset.
+    Acknowledgements made before it are forgotten: every partition is read again from its
+    committed offset, so they are made again, and some were of records a stream skipped."""
     from faust.transport.consumer import ensure_TP
 
+    _forget_acks(self)
     read_offset = self._read_offset
     _forget_positions(self)
     _committed_offsets = await self.seek_to_committed()
@@ -481,26 +543,54 @@ async def _perform_seek(self: Any) -> None:
         committed_offsets[tp] = offset if known is None else max(known, offset)
     first = await _first_offsets(self, never)
     for tp, offset in first.items():
+        if self._committed_offset[tp] is not None:
+            continue  # set meanwhile (a seek that ran beside this one): never move it back
         # aiokafka's seek_to_committed leaves a partition without a committed offset where its
         # fetcher is: past any record fetched and then dropped (Faust drops what it fetched when
         # a rebalance starts, and seeks back to the committed offsets to read it again). Read
         # such a partition from its first offset, as a new owner would (auto.offset.reset).
         await self.seek(tp, offset)
-    committed_offsets.update(first)
+        committed_offsets[tp] = offset
     self._committed_offset.update(committed_offsets)
+
+
+def _forget_acks(consumer: Any) -> None:
+    """Drop the acknowledgements not committed yet, of every partition: the seek that follows
+    reads each again from its committed offset. Some were made for records a stream skipped
+    unhandled (Faust's stream acknowledges an event it skips because the flow was stopped or
+    its generation is past, ``streams.py`` ~1287/1342, as during a rebalance), and would let a
+    commit pass such a record before it is handled again."""
+    for tp in list(consumer._acked):
+        consumer._acked[tp].clear()
+        consumer._acked_index[tp].clear()
+
+
+FIRST_OFFSET_RETRIES_S: tuple[float, ...] = (0.5, 1.0, 2.0)
+"""Waits between the tries to read the first offsets of never-committed partitions."""
 
 
 async def _first_offsets(consumer: Any, tps: list[Any]) -> dict[Any, int]:
     """The first offset of each of ``tps`` (partitions the group never committed), keyed by
     ``tps`` themselves: where reading starts, so where a commit's run starts (see the module's
-    docstring). None known when the broker does not answer: Faust's rule then, as before."""
+    docstring). Tried again a few times; while it is not known the partitions commit nothing
+    (a committed offset unknown holds the commit), until the next rebalance or restart."""
     if not tps:
         return {}
-    try:
-        first = await consumer.earliest_offsets(*tps)
-    except Exception as exc:  # the worker runs on without it, as Faust does
-        consumer.log.warning("first offsets of never-committed partitions not read: %r", exc)
-        return {}
+    first: Mapping[Any, int | None] = {}
+    for wait in (*FIRST_OFFSET_RETRIES_S, None):
+        try:
+            first = await consumer.earliest_offsets(*tps)
+            break
+        except Exception as exc:
+            if wait is None:
+                consumer.log.warning(
+                    "first offsets of never-committed partitions %s not read (%r): they commit "
+                    "nothing until the next rebalance or restart",
+                    ", ".join(f"{tp.topic}[{tp.partition}]" for tp in tps),
+                    exc,
+                )
+                return {}
+            await asyncio.sleep(wait)
     found = {tp: first.get(tp) for tp in tps}
     return {tp: offset for tp, offset in found.items() if offset is not None and offset >= 0}
 
@@ -590,7 +680,9 @@ def _install_test_hooks(env: Mapping[str, str]) -> None:
                 )
                 if dropped:
                     _state["dropped_before_seek"] = True
-                    self.log.warning("testonly: dropped fetched records before the seek: %s", dropped)
+                    self.log.warning(
+                        "testonly: dropped fetched records before the seek: %s", dropped
+                    )
             return await original_seek_to_committed(self)
 
         ThreadDelegateConsumer.seek_to_committed = seek_to_committed_dropping  # type: ignore[method-assign]
@@ -665,7 +757,9 @@ def _hook_stop_flow_in_recovery() -> None:
                 _state["stopped_flow_in_recovery"] = True
                 self.stop_flow()
                 asyncio.get_running_loop().call_later(1.0, self.resume_flow)
-                self.log.warning("testonly: stopped the flow as a recovery fetch returned: %s", needed)
+                self.log.warning(
+                    "testonly: stopped the flow as a recovery fetch returned: %s", needed
+                )
         return records, active
 
     Consumer._wait_next_records = _wait_next_records  # type: ignore[method-assign]
@@ -688,6 +782,8 @@ async def _drop_fetched(consumer: Any, topic: str, wait_s: float = 10.0) -> dict
         fetched = await consumer._fetcher.fetched_records(list(wanted), timeout=0.5)
         for tp, records in fetched.items():
             if records:
-                dropped[f"{tp.topic}[{tp.partition}]"] = f"{records[0].offset}..{records[-1].offset}"
+                dropped[f"{tp.topic}[{tp.partition}]"] = (
+                    f"{records[0].offset}..{records[-1].offset}"
+                )
                 wanted.discard(tp)
     return dropped
