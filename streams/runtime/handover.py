@@ -81,7 +81,9 @@ The patch, in the order the record flows:
 What it costs: after a seek, an offset missing at the very head of the first fetch (a
 transaction marker or compacted record right at the committed offset) is not learnt as a gap and
 holds that partition's commit until the worker restarts. trajstream's input topics are neither
-transactional nor compacted.
+transactional nor compacted. A record fetched before a seek back may be handled twice, and a
+partition whose first offset the broker would not give commits nothing until the next
+rebalance or restart (the stall watch restarts such a worker).
 
 Test-only hooks (read once by :func:`install`; never set them in production):
 
