@@ -29,6 +29,7 @@ May import: the standard library, :mod:`streams.models`, :mod:`streams.errors` a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -112,18 +113,29 @@ async def write_ahead_commit(
     return await send_commit(state, plan, trinity)
 
 
+def _exclusive(trinity: CommitPort) -> contextlib.AbstractAsyncContextManager[Any]:
+    """The port's own gate, if it has one (``exclusive()``): it keeps the port's ``/feedback``
+    requests out from the last read of the ready count to the commit, since one applied in
+    between is drained by this commit but looks new to the next, which is then sent empty. The
+    live worker's port has one (:class:`streams.runtime.live_ports.FeedbackGate`); feedback
+    from another process can still land in between."""
+    gate = getattr(trinity, "exclusive", None)
+    return gate() if callable(gate) else contextlib.nullcontext()
+
+
 async def send_commit(
     state: LedgerState, plan: CommitPlan, trinity: CommitPort
 ) -> CommitRecord | None:
     """Send a written-ahead plan; None when it failed (the plan stays pending)."""
     try:
-        # the ready count again, right before the commit drains it: feedback Trinity applied
-        # since the first read (the write-ahead takes a while) is drained by this commit and
-        # must not look new to the next one
-        ready = metric(await trinity.metrics(), READY)
-        if ready is not None:
-            plan.ready_before = max(ready, plan.ready_before or 0)
-        answer = await trinity.commit()
+        async with _exclusive(trinity):
+            # the ready count again, right before the commit drains it: feedback Trinity
+            # applied since the first read (the write-ahead takes a while) is drained by this
+            # commit and must not look new to the next one
+            ready = metric(await trinity.metrics(), READY)
+            if ready is not None:
+                plan.ready_before = max(ready, plan.ready_before or 0)
+            answer = await trinity.commit()
     except TrinityError as exc:
         log.warning("commit %d failed: %s; will retry", plan.seq, exc)
         return None

@@ -18,10 +18,11 @@ aiokafka.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import faust
@@ -54,7 +55,7 @@ from ..settings import Settings
 from ..topics import Topics
 from .live_guard import Guard, handled, source_of
 
-__all__ = ["ObservedTrinity", "Ports", "rejected_reason"]
+__all__ = ["FeedbackGate", "ObservedTrinity", "Ports", "rejected_reason"]
 
 log = logging.getLogger("trajstream")
 
@@ -315,13 +316,58 @@ class Ports(Guard):
         return [self.edge.open(m.topic, m.partition, m.offset, m.key, m.value) for m in got[tp]]
 
 
+class FeedbackGate:
+    """Keeps this worker's ``POST /feedback`` requests out of a commit's last read of the ready
+    count and its ``POST /commit``: a feedback applied between the two is drained by the commit
+    but counted as new by the next one, which is then sent with nothing to drain (seen in a CI
+    run: a worker restarted after a kill committed its predecessor's batch while the feedback
+    of new calls was being sent). Requests enter :meth:`shared` (any number at once); the
+    commit enters :meth:`exclusive`, which waits for those in flight and holds new ones back."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._in_flight = 0
+        self._closed = False
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._closed)
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._in_flight -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._closed)
+            self._closed = True
+            await self._changed.wait_for(lambda: self._in_flight == 0)
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._closed = False
+                self._changed.notify_all()
+
+
 class ObservedTrinity:
     """The Trinity client with every failed request counted (``trajstream_trinity_errors_total``
-    by route and kind); it answers and raises exactly as the client does."""
+    by route and kind); it answers and raises exactly as the client does. Its ``/feedback``
+    requests and the commit's last ready-count read and ``/commit`` pass :class:`FeedbackGate`."""
 
     def __init__(self, client: TrinityClient, metrics: Metrics) -> None:
         self._client = client
         self._metrics = metrics
+        self.gate = FeedbackGate()
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """For :func:`streams.core.commits.send_commit`: no feedback of this worker meanwhile."""
+        return self.gate.exclusive()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._client, name)
@@ -330,6 +376,9 @@ class ObservedTrinity:
 
         async def observed(*args: Any, **kwargs: Any) -> Any:
             try:
+                if name == "feedback":
+                    async with self.gate.shared():
+                        return await attr(*args, **kwargs)
                 return await attr(*args, **kwargs)
             except TrinityError as exc:
                 self._metrics.trinity_error(name, exc)
