@@ -191,16 +191,12 @@ def committable(committed: int | None, done: Iterable[int]) -> int | None:
     """
     if committed is None:
         return None
-    offsets = sorted(o for o in set(done) if o >= committed)
-    if not offsets:
-        return None
-    start = committed
-    nxt = start
-    for o in offsets:
+    nxt = committed
+    for o in sorted(o for o in set(done) if o >= committed):
         if o != nxt:
             break
         nxt += 1
-    return nxt if nxt > start else None
+    return nxt if nxt > committed else None
 
 
 # -- the patch ---------------------------------------------------------------------------------

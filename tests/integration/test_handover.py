@@ -146,6 +146,23 @@ async def tombstones_in_a_changelog(bootstrap: str, changelog: str) -> None:
         await producer.stop()
 
 
+def feeding_back(standin: StandIn, **hooks: Any) -> dict[str, Any]:
+    """A worker's settings that feed every call back to the stand-in, with test-only hooks."""
+    return {
+        "TRAJSTREAM_TRINITY__URL": standin.url,
+        "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1",
+        "TRAJSTREAM_KAFKA__PARTITIONS": PARTITIONS,
+        "TRAJSTREAM_REWARD__FUNCTION": "streams.rewards:success",
+        **hooks,
+    }
+
+
+def calls_fed_back(standin: StandIn, sims: list[Any]) -> set[str]:
+    """The calls of ``sims`` whose every msg_id the stand-in has applied feedback to."""
+    applied = {m for r in standin.state.feedback for m in r.applied}
+    return {s.call_id for s in sims if set(s.msg_ids) <= applied}
+
+
 def logged(worker: Any, text: str) -> bool:
     return text in worker.log.read_text(errors="replace")
 
@@ -225,13 +242,7 @@ async def test_records_dropped_before_the_seek_of_a_never_committed_partition_ar
     from streams.io.kafka import create_topics
     from streams.io.trinity import TrinityClient
 
-    env: dict[str, Any] = {
-        "TRAJSTREAM_TRINITY__URL": standin.url,
-        "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1",
-        "TRAJSTREAM_KAFKA__PARTITIONS": PARTITIONS,
-        "TRAJSTREAM_REWARD__FUNCTION": "streams.rewards:success",
-        "TESTONLY_TRAJSTREAM_DROP_BEFORE_SEEK": f"{prefix}.agent-events",
-    }
+    env = feeding_back(standin, TESTONLY_TRAJSTREAM_DROP_BEFORE_SEEK=f"{prefix}.agent-events")
     if not patched:
         env["TESTONLY_TRAJSTREAM_HANDOVER_UNPATCHED"] = "1"
     await create_topics(kafka_bootstrap, Topics(prefix, PARTITIONS).all())
@@ -253,8 +264,7 @@ async def test_records_dropped_before_the_seek_of_a_never_committed_partition_ar
     after = await calls(8, seed=12)
 
     def fed_back(sims: list[Any]) -> set[str]:
-        applied = {m for r in standin.state.feedback for m in r.applied}
-        return {s.call_id for s in sims if set(s.msg_ids) <= applied}
+        return calls_fed_back(standin, sims)
 
     # a partition's records are handled in order: once the calls after the seek are fed back,
     # the calls before it were handled too, or never will be
@@ -286,14 +296,11 @@ async def test_a_commit_made_during_the_seek_passes_no_record_dropped_before_it(
     from streams.io.kafka import create_topics
     from streams.io.trinity import TrinityClient
 
-    env: dict[str, Any] = {
-        "TRAJSTREAM_TRINITY__URL": standin.url,
-        "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1",
-        "TRAJSTREAM_KAFKA__PARTITIONS": PARTITIONS,
-        "TRAJSTREAM_REWARD__FUNCTION": "streams.rewards:success",
-        "TESTONLY_TRAJSTREAM_DROP_BEFORE_SEEK": f"{prefix}.agent-events",
-        "TESTONLY_TRAJSTREAM_SEEK_DELAY_S": 5,
-    }
+    env = feeding_back(
+        standin,
+        TESTONLY_TRAJSTREAM_DROP_BEFORE_SEEK=f"{prefix}.agent-events",
+        TESTONLY_TRAJSTREAM_SEEK_DELAY_S=5,
+    )
     await create_topics(kafka_bootstrap, Topics(prefix, PARTITIONS).all())
     await tombstones_in_a_changelog(kafka_bootstrap, f"{prefix}-closed-changelog")
     sims: list[Any] = []
@@ -309,8 +316,7 @@ async def test_a_commit_made_during_the_seek_passes_no_record_dropped_before_it(
                 await asyncio.sleep(pause_s)
 
     def fed_back() -> set[str]:
-        applied = {m for r in standin.state.feedback for m in r.applied}
-        return {s.call_id for s in sims if set(s.msg_ids) <= applied}
+        return calls_fed_back(standin, sims)
 
     await calls(8, seed=31)  # waiting when the worker starts: its first fetch, dropped
     worker = workers(**env)
@@ -345,12 +351,7 @@ async def test_changelog_records_thrown_away_during_recovery_are_read_again(
     from streams.io.kafka import create_topics
     from streams.io.trinity import TrinityClient
 
-    env: dict[str, Any] = {
-        "TRAJSTREAM_TRINITY__URL": standin.url,
-        "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1",
-        "TRAJSTREAM_KAFKA__PARTITIONS": PARTITIONS,
-        "TRAJSTREAM_REWARD__FUNCTION": "streams.rewards:success",
-    }
+    env = feeding_back(standin)
     if not patched:
         env["TESTONLY_TRAJSTREAM_HANDOVER_UNPATCHED"] = "1"
     await create_topics(kafka_bootstrap, Topics(prefix, PARTITIONS).all())
@@ -366,8 +367,7 @@ async def test_changelog_records_thrown_away_during_recovery_are_read_again(
             ]
 
     def fed_back(sims: list[Any]) -> set[str]:
-        applied = {m for r in standin.state.feedback for m in r.applied}
-        return {s.call_id for s in sims if set(s.msg_ids) <= applied}
+        return calls_fed_back(standin, sims)
 
     # a first worker fills its tables' changelogs, then stops
     first = workers(**env)
