@@ -112,6 +112,12 @@ class Completion(AvroModel):
     shadow_output_messages: list[ChatMessage] = Field(default_factory=list)
     shadow_tool_call_details: list[ToolCall] = Field(default_factory=list)
     shadow_latency_ms: Annotated[float, Field(ge=0)] | None = None
+    policy_version: int | None = None
+    """The version of the policy's weights that answered (Trinity's ``model_version``)."""
+    fallback: str | None = None
+    """Why production answered a step of a call routed to the policy (None: it did not)."""
+    error_type: str | None = None
+    """The step failed after part of its answer reached the client (it could not fall back)."""
 
     @property
     def msg_id(self) -> str | None:
