@@ -394,9 +394,85 @@ def _settings_section(level: int, path: str, model: type[BaseModel], info: Field
     rows, sections = _setting_rows(model, prefix, env)
     if rows:
         out.append(table(["setting", "type", "default", "description"], rows))
+    if path in SECTION_RULES:
+        out.append(SECTION_RULES[path]())
     for sub_path, sub, sub_info, sub_env in sections:
         out.append(_settings_section(min(level + 1, 4), sub_path, sub, sub_info, sub_env))
     return "\n".join(o for o in out if o)
+
+
+def _validation_errors(model: type[BaseModel], **values: Any) -> set[str]:
+    """The fields ``model(**values)`` refuses (none: it validates)."""
+    from pydantic import ValidationError
+
+    try:
+        model(**values)
+    except ValidationError as exc:
+        return {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+    return set()
+
+
+def security_rules() -> str:
+    """The rules of ``kafka.security``, read from its validators by trying them: which settings
+    each protocol requires and which it refuses; then what every command checks at start
+    (:func:`streams.io.security.check_kafka`, its time limit read from its signature). This is
+    the one description of the Kafka security settings: the security guide and SECURITY.md
+    link here."""
+    from streams.io.security import check_kafka
+    from streams.settings import KafkaSecuritySettings as Security
+
+    fields = Security.model_fields
+    protocols = typing.get_args(fields["protocol"].annotation)
+    mechanism = typing.get_args(typing.get_args(fields["mechanism"].annotation)[0])[0]
+    files = ["ssl_cafile", "ssl_certfile", "ssl_keyfile"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pem = Path(tmp) / "some.pem"
+        pem.write_text("")
+        for protocol in protocols:
+            required = sorted(
+                _validation_errors(Security, protocol=protocol), key=list(fields).index
+            )
+            filled = {"mechanism": mechanism, "username": "u", "password": "p"}
+            base = {"protocol": protocol, **{k: v for k, v in filled.items() if k in required}}
+            tries = {"mechanism": {"mechanism": mechanism}}
+            tries.update({f: {"ssl_certfile": pem, f: pem} for f in files})
+            refused = [
+                name
+                for name, extra in tries.items()
+                if name not in required and name in _validation_errors(Security, **base, **extra)
+            ]
+            rows.append(
+                [
+                    code(protocol),
+                    ", ".join(code(f"kafka.security.{n}") for n in required) or "nothing",
+                    ", ".join(code(f"kafka.security.{n}") for n in refused) or "none",
+                ]
+            )
+    limit = inspect.signature(check_kafka).parameters["timeout_s"].default
+    later = inspect.getdoc(Security).split("\n\n")[1:]
+    return "\n".join(
+        [
+            "Every Kafka client of trajstream takes these settings: the workers, the gateway, "
+            "the OTLP ingest, every command, and the SDK (`TrajstreamProducer(..., "
+            "security=settings.kafka.security)`). What each protocol requires and refuses:\n",
+            table(["protocol", "requires", "refuses"], rows),
+            "The TLS files must exist, and `ssl_keyfile` needs `ssl_certfile`. A setting that "
+            "breaks these rules stops every command at start, naming the setting (exit 2).\n",
+            f"Then every command but the gateway connects and authenticates once, within "
+            f"{limit:g} s. Wrong credentials or an untrusted certificate stop it with one line "
+            "naming the setting (exit 2). A cluster that does not answer is named as "
+            "`kafka.bootstrap_servers` and `kafka.security.protocol` (exit 1). The gateway "
+            "starts while the cluster is unreachable, and spills. "
+            "[Troubleshooting](../how-to/troubleshooting.md#connecting-to-kafka) lists the "
+            "messages.\n",
+            *(text(rst_to_md(" ".join(p.split()))) + "\n" for p in later),
+        ]
+    )
+
+
+SECTION_RULES: dict[str, Callable[[], str]] = {"kafka.security": security_rules}
+"""Rules of a settings section that its table cannot show, rendered below the table."""
 
 
 def settings_page() -> str:
