@@ -1,4 +1,4 @@
-"""The user's manual holds no project history.
+"""The user's manual holds no project history, and its Python blocks name what exists.
 
 The manual is ``README.md``, ``CONTRIBUTING.md``, ``SECURITY.md`` and every page under
 ``docs/`` (pages added later included). It says what is true now; how it came to be goes in
@@ -16,6 +16,9 @@ hold (see :data:`RULES`):
 
 Fenced code blocks and HTML comments are left out of every rule but the first two (an issue
 number or a commit hash in an example is still history).
+
+Every ```python block of the manual must parse, and import from ``streams`` only names that
+exist (the tutorials' blocks also run, in ``tests/integration/test_docs_tutorials.py``).
 """
 
 from __future__ import annotations
@@ -167,3 +170,53 @@ def test_the_performance_page_may_date_one_run_only() -> None:
     two = one + "\nThe gateway, on 2026-12-04.\n"
     found = violations(PERFORMANCE, two)
     assert len(found) == 1 and "2026-12-04" in found[0], found
+
+
+# -- the Python blocks of the manual ------------------------------------------------------------
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    """Every ```python block of the manual: (page, line, code)."""
+    out = []
+    for page in manual_pages():
+        text = (ROOT / page).read_text()
+        for m in re.finditer(r"^([ \t]*)```python\n(.*?)^\1```", text, re.S | re.M):
+            code = "\n".join(line[len(m.group(1)) :] for line in m.group(2).splitlines())
+            out.append((page, text.count("\n", 0, m.start()) + 1, code))
+    return out
+
+
+def check_block(page: str, line: int, code: str) -> None:
+    """``code`` parses (top-level ``await`` allowed), and every name it imports from
+    ``streams`` exists."""
+    import ast
+    import importlib
+    import importlib.util
+
+    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = compile(code, f"{page}:{line}", "exec", flags)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("streams"):
+            module = importlib.import_module(node.module or "")
+            for alias in node.names:
+                found = hasattr(module, alias.name) or (
+                    hasattr(module, "__path__")  # a package: the name may be a submodule
+                    and importlib.util.find_spec(f"{node.module}.{alias.name}") is not None
+                )
+                assert found, f"{page}:{line}: {node.module} has no {alias.name}"
+
+
+@pytest.mark.parametrize(("page", "line", "code"), python_blocks(), ids=lambda v: str(v)[:40])
+def test_each_python_block_parses_and_names_what_streams_has(
+    page: str, line: int, code: str
+) -> None:
+    """The tutorials' blocks run in tests/integration/test_docs_tutorials.py; every other
+    page's at least parse, and import from ``streams`` only what it has."""
+    check_block(page, line, code)
+
+
+def test_a_block_that_imports_what_streams_lacks_fails() -> None:
+    with pytest.raises(AssertionError, match=r"streams\.sdk has no NoSuchProducer"):
+        check_block("page.md", 1, "from streams.sdk import NoSuchProducer\n")
+    with pytest.raises(SyntaxError):
+        check_block("page.md", 1, "async with x as (:\n")
