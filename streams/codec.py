@@ -6,10 +6,13 @@ encoding"). The fingerprint tells a reader which schema wrote the bytes, so one 
 several record types (the agent-events topic carries AgentCall and Completion) and a reader can
 resolve an older or newer writer schema against its own (Avro schema resolution).
 
-The registry loads ``schemas/<namespace>.<Name>.avsc`` with fastavro. Writer schemas of other
-versions are added with :meth:`SchemaRegistry.register_writer`; a record written with a schema
-the registry does not know is a :class:`~streams.errors.DecodeError` (it goes to the
-dead-letter topic and can be replayed once the schema is registered), never a guess.
+The registry loads ``schemas/<namespace>.<Name>.avsc`` with fastavro. It also knows the writer
+schemas of trajstream's released versions (``schemas/released/<version>.json``, written at each
+release by :func:`write_released`), so that records and stored state written by an earlier
+release decode here, resolved by Avro's rules. Other writer schemas are added with
+:meth:`SchemaRegistry.register_writer`; a record written with a schema the registry does not
+know is a :class:`~streams.errors.DecodeError` (it goes to the dead-letter topic and can be
+replayed once the schema is known), never a guess.
 
 Records in Confluent's wire format (written when ``kafka.schema_registry`` is set; the layouts
 in :mod:`streams.wire`) are read too: the schema id is looked up once through the callable
@@ -46,10 +49,22 @@ from . import wire
 from .errors import DecodeError, ValidationError
 from .models import MODELS, AvroModel
 
-__all__ = ["MAGIC", "SchemaRegistry", "named_types", "schema_dir", "schema_fingerprint"]
+__all__ = [
+    "MAGIC",
+    "RELEASED",
+    "SchemaRegistry",
+    "named_types",
+    "released_schemas",
+    "schema_dir",
+    "schema_fingerprint",
+    "write_released",
+]
 
 MAGIC = b"\xc3\x01"
 _HEADER = len(MAGIC) + 8
+
+RELEASED = "released"
+"""The directory, beside the ``.avsc`` files, of the released versions' writer schemas."""
 
 M = TypeVar("M", bound=AvroModel)
 
@@ -102,6 +117,7 @@ class SchemaRegistry:
         # schema has one per branch), learnt through the lookup (schema id -> schema text)
         self._by_schema_id: dict[int, tuple[bytes, ...]] = {}
         self._schema_lookup: Callable[[int], str] | None = None
+        self._learn_released(self.directory / RELEASED)
 
     @classmethod
     def default(cls) -> SchemaRegistry:
@@ -125,12 +141,23 @@ class SchemaRegistry:
         full name. Returns the schema's fingerprint.
         """
         raw = json.loads(schema) if isinstance(schema, str) else schema
-        own = _full_name(raw)
-        named = named_types(self.directory, exclude=own)
+        named = named_types(self.directory, exclude=_full_name(raw))
         # expand: the fingerprint is of the full canonical form, with named types inlined
-        parsed: dict[str, Any] = _define_once(
-            parse_schema(raw, named_schemas=named, expand=True), set()
-        )
+        return self._add_writer(parse_schema(raw, named_schemas=named, expand=True))
+
+    def _learn_released(self, where: Path) -> None:
+        """The writer schemas of the released versions whose fingerprints this code lacks (a
+        record type that changed since). Each is a parsing canonical form: self-contained, so
+        it is parsed without this code's named types."""
+        if not where.is_dir():
+            return
+        for path in sorted(where.glob("*.json")):
+            for entry in json.loads(path.read_text())["records"].values():
+                if bytes.fromhex(entry["fingerprint"]) not in self._by_fingerprint:
+                    self._add_writer(parse_schema(json.loads(entry["schema"]), expand=True))
+
+    def _add_writer(self, expanded: Any) -> bytes:
+        parsed: dict[str, Any] = _define_once(expanded, set())
         name = str(parsed["name"])
         model = next((m for m in self._by_model if m.avro_name == name), None)
         writer = _Writer(name, parsed, model)
@@ -315,6 +342,31 @@ def named_types(directory: Path, *, exclude: str | None = None) -> dict[str, Any
         if name in named:
             named[name] = _inline(named[name], named, name)
     return named
+
+
+def released_schemas(directory: Path | None = None) -> dict[str, dict[str, str]]:
+    """The writer schema of every record type of ``directory`` (default: this code's), as a
+    release keeps them: full name -> its fingerprint (hex) and its parsing canonical form."""
+    codec = SchemaRegistry(directory)
+    return {
+        model.avro_name: {
+            "fingerprint": codec.fingerprint_of(model).hex(),
+            "schema": to_parsing_canonical_form(codec.schema_of(model)),
+        }
+        for model in sorted(codec._by_model, key=lambda m: m.avro_name)
+    }
+
+
+def write_released(version: str, directory: Path | None = None) -> Path:
+    """Keep this code's writer schemas as release ``version``'s, in
+    ``schemas/released/<version>.json`` (a step of making a release, CONTRIBUTING.md): later
+    versions then read what this one writes. ``directory`` holds the ``.avsc`` files to keep
+    (default: this code's); the file is written beside this code's schemas."""
+    path = schema_dir() / RELEASED / f"{version}.json"
+    path.parent.mkdir(exist_ok=True)
+    records = released_schemas(directory)
+    path.write_text(json.dumps({"version": version, "records": records}, indent=1) + "\n")
+    return path
 
 
 def _define_once(node: Any, seen: set[str]) -> Any:

@@ -20,6 +20,8 @@ otlp-mapping.md    :mod:`streams.capture.otlp` and :mod:`streams.capture.otlp_vo
                    operation sets, and the attributes each record field is read from (their
                    source, parsed)
 python-api.md      :data:`PYTHON_API`: mkdocstrings directives of the public Python API
+versions.md        ``pyproject.toml``, ``requirements.lock``, the ``Dockerfile``, the compose
+                   file, the broker's and the registry's versions, the manifests' Kubernetes
 =================  =========================================================================
 
 Nothing is read from the environment: ``TRAJSTREAM_*`` variables are set aside while the pages
@@ -394,9 +396,85 @@ def _settings_section(level: int, path: str, model: type[BaseModel], info: Field
     rows, sections = _setting_rows(model, prefix, env)
     if rows:
         out.append(table(["setting", "type", "default", "description"], rows))
+    if path in SECTION_RULES:
+        out.append(SECTION_RULES[path]())
     for sub_path, sub, sub_info, sub_env in sections:
         out.append(_settings_section(min(level + 1, 4), sub_path, sub, sub_info, sub_env))
     return "\n".join(o for o in out if o)
+
+
+def _validation_errors(model: type[BaseModel], **values: Any) -> set[str]:
+    """The fields ``model(**values)`` refuses (none: it validates)."""
+    from pydantic import ValidationError
+
+    try:
+        model(**values)
+    except ValidationError as exc:
+        return {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+    return set()
+
+
+def security_rules() -> str:
+    """The rules of ``kafka.security``, read from its validators by trying them: which settings
+    each protocol requires and which it refuses; then what every command checks at start
+    (:func:`streams.io.security.check_kafka`, its time limit read from its signature). This is
+    the one description of the Kafka security settings: the security guide and SECURITY.md
+    link here."""
+    from streams.io.security import check_kafka
+    from streams.settings import KafkaSecuritySettings as Security
+
+    fields = Security.model_fields
+    protocols = typing.get_args(fields["protocol"].annotation)
+    mechanism = typing.get_args(typing.get_args(fields["mechanism"].annotation)[0])[0]
+    files = ["ssl_cafile", "ssl_certfile", "ssl_keyfile"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pem = Path(tmp) / "some.pem"
+        pem.write_text("")
+        for protocol in protocols:
+            required = sorted(
+                _validation_errors(Security, protocol=protocol), key=list(fields).index
+            )
+            filled = {"mechanism": mechanism, "username": "u", "password": "p"}
+            base = {"protocol": protocol, **{k: v for k, v in filled.items() if k in required}}
+            tries = {"mechanism": {"mechanism": mechanism}}
+            tries.update({f: {"ssl_certfile": pem, f: pem} for f in files})
+            refused = [
+                name
+                for name, extra in tries.items()
+                if name not in required and name in _validation_errors(Security, **base, **extra)
+            ]
+            rows.append(
+                [
+                    code(protocol),
+                    ", ".join(code(f"kafka.security.{n}") for n in required) or "nothing",
+                    ", ".join(code(f"kafka.security.{n}") for n in refused) or "none",
+                ]
+            )
+    limit = inspect.signature(check_kafka).parameters["timeout_s"].default
+    later = (inspect.getdoc(Security) or "").split("\n\n")[1:]
+    return "\n".join(
+        [
+            "Every Kafka client of trajstream takes these settings: the workers, the gateway, "
+            "the OTLP ingest, every command, and the SDK (`TrajstreamProducer(..., "
+            "security=settings.kafka.security)`). What each protocol requires and refuses:\n",
+            table(["protocol", "requires", "refuses"], rows),
+            "The TLS files must exist, and `ssl_keyfile` needs `ssl_certfile`. A setting that "
+            "breaks these rules stops every command at start, naming the setting (exit 2).\n",
+            f"Then every command but the gateway connects and authenticates once, within "
+            f"{limit:g} s. Wrong credentials or an untrusted certificate stop it with one line "
+            "naming the setting (exit 2). A cluster that does not answer is named as "
+            "`kafka.bootstrap_servers` and `kafka.security.protocol` (exit 1). The gateway "
+            "starts while the cluster is unreachable, and spills. "
+            "[Troubleshooting](../how-to/troubleshooting.md#connecting-to-kafka) lists the "
+            "messages.\n",
+            *(text(rst_to_md(" ".join(p.split()))) + "\n" for p in later),
+        ]
+    )
+
+
+SECTION_RULES: dict[str, Callable[[], str]] = {"kafka.security": security_rules}
+"""Rules of a settings section that its table cannot show, rendered below the table."""
 
 
 def settings_page() -> str:
@@ -1136,6 +1214,170 @@ def python_page() -> str:
 
 # -- the pages --------------------------------------------------------------------------------
 
+# -- versions.md ------------------------------------------------------------------------------
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+"""The checkout whose ``pyproject.toml``, locks, ``Dockerfile`` and compose file the versions
+page reads (refdocs runs in a checkout)."""
+
+KAFKA_ALSO_CHECKED = "3.7.2"
+"""An older broker the integration tests were run against by hand (the launcher with this
+version's jars): the tutorials', gateway, pipeline, replay, judge, OTLP-span, topic, CLI and
+rebalance tests passed. CI runs only the launcher's own version."""
+
+TRINITY_CONTRACT = "0.6.0"
+"""The trinity-rft release whose serve-mode source (``trinity/explorer/proxy/``) the stand-in
+reproduces; the tutorial on Trinity's serve mode names it too."""
+
+RUNTIME_ROWS = (
+    ("faust-streaming", "the workers' stream processing; a worker refuses any other version"),
+    ("aiokafka", "every Kafka client"),
+    ("fastavro", "the records' Avro encoding"),
+    ("pydantic", "the records and the settings"),
+    ("pydantic-settings", "the settings"),
+    ("httpx", "Trinity, the judge and the schema registry"),
+    ("aiohttp", "the gateway, the OTLP ingest and the workers' HTTP servers"),
+    ("openai", "the openai client wrapper (`TrajstreamCapture`)"),
+    ("opentelemetry-proto", "the OTLP ingest"),
+)
+CLIENT_ROWS = (
+    ("openai", "the official OpenAI client, sync and async, chat completions and Responses"),
+    ("anthropic", "the official Anthropic client, Messages"),
+    ("openai-agents", "the OpenAI Agents SDK, through the Responses API"),
+    ("opentelemetry-sdk", "OpenTelemetry spans, exported over OTLP/HTTP"),
+    ("opentelemetry-exporter-otlp-proto-http", "the OTLP/HTTP exporter (protobuf)"),
+    ("confluent-kafka", "reading the topics in Confluent's wire format (`AvroDeserializer`)"),
+)
+
+
+def _requirement_of(requirements: list[str], name: str) -> str:
+    for line in requirements:
+        spec = line.split(";")[0].strip()
+        m = re.match(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*(.*)", spec)
+        if m and m.group(1).lower() == name:
+            return m.group(3) or "any"
+    raise KeyError(f"{name} is not a requirement of pyproject.toml")
+
+
+def _locked(name: str) -> str:
+    lock = (REPOSITORY / "requirements.lock").read_text()
+    m = re.search(rf"^{re.escape(name)}==([^\s\\]+)", lock, re.M | re.I)
+    if m is None:
+        raise KeyError(f"{name} is not in requirements.lock")
+    return m.group(1)
+
+
+def versions_page() -> str:
+    import tomllib
+
+    from streams.devtools.broker import KAFKA_VERSION
+    from streams.devtools.registry import APICURIO_VERSION, MIN_JAVA
+
+    project = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]
+    needs, test = project["dependencies"], project["optional-dependencies"]["test"]
+    image = re.search(r"(?<=^FROM )\S+", (REPOSITORY / "Dockerfile").read_text(), re.M)
+    python = re.search(r"python:(\d+\.\d+)", image.group(0) if image else "")
+    compose_file = (REPOSITORY / "docker-compose.yml").read_text()
+    compose = re.search(r"image:\s*(apache/kafka:\S+)", compose_file)
+    manifests_test = (REPOSITORY / "tests/unit/test_kubernetes.py").read_text()
+    k8s = re.search(r'^K8S_VERSION = "([^"]+)"', manifests_test, re.M)
+    assert image and python and compose and k8s, "the Dockerfile, compose file or K8S_VERSION moved"
+
+    def rows(names: tuple[tuple[str, str], ...], requirements: list[str]) -> list[list[str]]:
+        return [
+            [code(n), code(_requirement_of(requirements, n)), code(_locked(n)), text(what)]
+            for n, what in names
+        ]
+
+    return "\n".join(
+        [
+            "# Supported versions\n",
+            _NOTE,
+            "What trajstream runs on, and what its tests run against. *Required* is what "
+            "`pyproject.toml` accepts. *Tested* is what `requirements.lock` installs: `./dev` "
+            "installs exactly that set, and the test suite runs on it. The Docker image installs "
+            "the same versions (`requirements-runtime.lock`).\n",
+            "## Python and the package's dependencies\n",
+            table(
+                ["component", "required", "tested", "for"],
+                [
+                    [
+                        "Python",
+                        code(project["requires-python"]),
+                        f"{python.group(1)} (the image: {code(image.group(0))})",
+                        "everything",
+                    ],
+                    *rows(RUNTIME_ROWS, needs),
+                ],
+            ),
+            "Every other package is in `requirements.lock`, with its hash.\n",
+            "## The services around it\n",
+            table(
+                ["service", "tested", "notes"],
+                [
+                    [
+                        "Apache Kafka brokers",
+                        f"{KAFKA_VERSION} (the local launcher; {code(compose.group(1))} in "
+                        "`docker-compose.yml`; a 3-broker cluster in the chaos test)",
+                        f"{KAFKA_ALSO_CHECKED} was checked once, by hand: the tutorials', "
+                        "gateway, pipeline, replay, judge, OTLP-span, topic, CLI and rebalance "
+                        "tests passed against it. Older brokers are not tested. Every producer "
+                        "writes with `acks=all` and idempotence, and the worker creates topics "
+                        "through the admin API",
+                    ],
+                    [
+                        "Trinity-RFT, serve mode",
+                        f"the Trinity stand-in, which reproduces the HTTP API of trinity-rft "
+                        f"{TRINITY_CONTRACT} (`/v1/chat/completions`, `/feedback`, `/commit`, "
+                        "`/metrics`, `/health`)",
+                        "Trinity itself is not run by the tests: check your version's API "
+                        "against it",
+                    ],
+                    [
+                        "a schema registry (optional)",
+                        f"Apicurio Registry {APICURIO_VERSION}, through its Confluent-compatible "
+                        f"API (the tests need Java {MIN_JAVA} for it)",
+                        "any registry with Confluent's REST API: Confluent Schema Registry, "
+                        "Karapace",
+                    ],
+                    [
+                        "Kubernetes (optional)",
+                        f"the manifests are validated against the API of Kubernetes "
+                        f"{k8s.group(1)}",
+                        "they use `apps/v1`, `autoscaling/v2` and `policy/v1`",
+                    ],
+                ],
+            ),
+            "## Agents' clients\n",
+            "The clients the gateway and the capture paths are tested with. *Required* is their "
+            "range in `pyproject.toml`. An agent may run other versions of them: the gateway "
+            "speaks the HTTP APIs.\n",
+            table(["client", "required", "tested", "what"], rows(CLIENT_ROWS, needs + test)),
+            "## The development tools\n",
+            table(
+                ["tool", "needs"],
+                [
+                    [
+                        "`./dev` and the local broker",
+                        "Linux, bash, Java 17 or newer and Maven. As root on Debian or Ubuntu, "
+                        "`./dev` installs Java and Maven with `apt-get`, and `./dev test` "
+                        "installs `chromium`. The local broker runs on POSIX systems only "
+                        "(it signals process groups); other systems than Linux are not tested",
+                    ],
+                    [
+                        "the schema registry tests",
+                        f"Java {MIN_JAVA} or newer; they skip, saying why, without it",
+                    ],
+                    [
+                        "the status page's browser test",
+                        "Chromium; it skips, saying why, without it",
+                    ],
+                ],
+            ),
+        ]
+    )
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page,
     "settings.md": settings_page,
@@ -1144,6 +1386,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "http-api.md": http_page,
     "otlp-mapping.md": otlp_page,
     "python-api.md": python_page,
+    "versions.md": versions_page,
 }
 
 

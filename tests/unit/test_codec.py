@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -439,3 +440,55 @@ def test_registry_from_a_directory_of_schemas(tmp_path: Path) -> None:
         (tmp_path / path.name).write_text(path.read_text())
     codec = SchemaRegistry(tmp_path)
     assert codec.decode(SchemaRegistry.default().encode(SAMPLES[AgentCall])) == SAMPLES[AgentCall]
+
+
+# -- the released versions' writer schemas ------------------------------------------------------
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+RELEASES = sorted((schema_dir() / "released").glob("*.json"))
+
+
+def test_every_release_in_the_changelog_keeps_its_writer_schemas() -> None:
+    changelog = (REPOSITORY / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - ", changelog, re.MULTILINE)
+    assert versions, "no release in CHANGELOG.md"
+    missing = [v for v in versions if not (schema_dir() / "released" / f"{v}.json").is_file()]
+    assert not missing, (
+        f"releases without schemas/released/<version>.json: {missing}; a release keeps its "
+        "writer schemas (CONTRIBUTING.md, Releasing): "
+        "python -c 'from streams.codec import write_released; write_released(\"X.Y.Z\")'"
+    )
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+def test_a_record_a_released_version_wrote_is_read_today(
+    release: Path, model: type[AvroModel]
+) -> None:
+    """Records on the topics and in the tables' changelogs outlive an upgrade: what a released
+    version wrote (its writer schema, its fingerprint) decodes with this code's schemas, the
+    fields added since taking their defaults."""
+    entry = json.loads(release.read_text())["records"].get(model.avro_name)
+    if entry is None:
+        pytest.skip(f"{model.avro_name} is newer than {release.stem}")
+    writer = parse_schema(json.loads(entry["schema"]))
+    assert schema_fingerprint(writer).hex() == entry["fingerprint"]
+    codec = SchemaRegistry.default()
+    today = parse_schema(json.loads(to_parsing_canonical_form(codec.schema_of(model))))
+    body = io.BytesIO(codec.encode(SAMPLES[model])[len(MAGIC) + 8 :])
+    values = fastavro.schemaless_reader(body, today)  # plain values: no logical types
+    data = with_header(bytes.fromhex(entry["fingerprint"]), writer, values)
+    again = codec.decode_as(data, model)
+    kept = [f["name"] for f in json.loads(entry["schema"])["fields"]]
+    assert {k: getattr(again, k) for k in kept} == {k: getattr(SAMPLES[model], k) for k in kept}
+
+
+def test_a_writer_schema_no_release_knows_is_still_a_decode_error() -> None:
+    raw = json.loads(AGENT_CALL_AVSC.read_text())
+    raw["fields"].append({"name": "from_the_future", "type": ["null", "string"], "default": None})
+    newer = full_schema(raw)
+    record = {**SchemaRegistry.default().decode_raw(SchemaRegistry.default().encode(start()))[1]}
+    record["event_time"] = int(T0.timestamp() * 1000)
+    data = with_header(schema_fingerprint(newer), newer, record)
+    with pytest.raises(DecodeError, match="unknown writer schema fingerprint"):
+        SchemaRegistry.default().decode(data)

@@ -116,6 +116,16 @@ def test_every_setting_is_described_and_on_the_page() -> None:
         assert f"`{path.replace('api_keys.', 'api_keys[].')}`" in page
 
 
+def test_the_security_rules_are_read_from_the_validators() -> None:
+    rules = refdocs.security_rules()
+    need = "`kafka.security.mechanism`, `kafka.security.username`, `kafka.security.password`"
+    assert f"| `SASL_SSL` | {need} | none |" in rules
+    assert f"| `SASL_PLAINTEXT` | {need} | `kafka.security.ssl_cafile`," in rules
+    assert "| `SSL` | nothing | `kafka.security.mechanism` |" in rules
+    assert "within 10 s" in rules  # check_kafka's own time limit
+    assert rules in refdocs.render("settings.md")
+
+
 def test_every_subcommand_is_on_the_cli_page() -> None:
     page = refdocs.render("cli.md")
     parser = cli.build_parser()
