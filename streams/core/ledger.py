@@ -21,13 +21,14 @@ Reward windows
   Event-time tumbling windows per agent name, model and upstream (who answered the call,
   :mod:`streams.core.arms`; key ``agent|model``, with ``|upstream`` appended for calls a
   gateway routed), and, for the policy's calls (``trinity``), per policy version (the
-  comparison is then read per version): count, mean, min, max, standard
-  deviation (Welford), success rate. Lateness, drift and holds are decided per key, every
-  version of a window pooled (:func:`pool_versions`), so the state kept between windows does
-  not grow with the versions the policy goes through. A window is final when the watermark (largest event time
-  seen) passes its end plus ``grace``, or, when the ledger has been idle for ``grace`` seconds of
-  processing time, when the wall clock passes its end plus ``grace``. Each window is emitted once; a
-  trajectory for an emitted window is late and counted in the next summary of its agent/model.
+  comparison is then read per version): count, mean, min, max, standard deviation (Welford),
+  success rate. Lateness, drift and holds are decided per key, every version of a window pooled
+  (:func:`pool_versions`), so the state kept between windows does not grow with the versions
+  the policy goes through. A window is final when the watermark (largest event time seen)
+  passes its end plus ``grace``, or, when the ledger has been idle for ``grace`` seconds of
+  processing time, when the wall clock passes its end plus ``grace``. Each window is emitted
+  once; a trajectory for an emitted window is late and counted in the next summary of its
+  agent/model.
 
 Commit holds
   Drift alerts are raised on the windows of trained calls only (not production's, nor the
