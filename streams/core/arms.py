@@ -132,8 +132,8 @@ def policy_version_of(steps: Iterable[Completion]) -> int | None:
     """The oldest policy version among the steps Trinity answered (a call answered by two
     versions counts for the older, so a version's evidence holds no answer of an older one);
     None when no step carries one."""
-    versions = [s.policy_version for s in steps if s.policy_version is not None and not s.fallback]
-    return min(versions, default=None)
+    versions = [s.policy_version for s in steps if s.fallback is None]
+    return min((v for v in versions if v is not None), default=None)
 
 
 def scored_unselected(start: AgentCall | None) -> bool:
