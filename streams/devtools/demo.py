@@ -426,7 +426,7 @@ def _summary(
             w.window_start.strftime("%H:%M:%S"),
             w.agent_name,
             w.model,
-            w.upstream or "-",
+            (w.upstream or "-") + ("" if w.policy_version is None else f" v{w.policy_version}"),
             str(w.count),
             f"{w.mean:.3f}",
             f"{w.min:.3f}",
