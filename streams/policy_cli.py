@@ -24,6 +24,7 @@ __all__ = ["add_commands"]
 EXAMPLES = """examples:
   trajstream compare --agent support                 the published comparisons of one agent
   trajstream compare --agent support --since 2h --json
+  trajstream compare --agent support --policy-version 7   what policy version 7 answered
   trajstream compare --replay                        recompute from <p>.windows (current settings)
   TRAJSTREAM_COMPARE__LEVEL=0.99 trajstream compare --replay    the same traffic at 99 %
 """
@@ -49,7 +50,7 @@ def cmd_compare(args: argparse.Namespace, settings: Settings) -> int:
     view, windows, alerts = asyncio.run(read())
     if args.replay:
         view = replay_decisions(windows, alerts, ledger_config_of(settings))
-    view = view.of(args.agent, since)
+    view = view.of(args.agent, since, args.policy_version)
     if args.json:
         print(json.dumps(view.to_json(), indent=2))
         return 0
@@ -151,9 +152,11 @@ def add_commands(sub: Any) -> None:
         help="the policy against production per agent and window: means, counts, the "
         "difference and its confidence interval",
         description="Print the comparisons of the policy (calls Trinity answered) with "
-        "production (calls production answered), scored alike, per agent and reward window and "
-        "over a trailing span (Welch's t interval at compare.level), with the rollout's routing "
-        "changes. Reads the topics; writes nothing.",
+        "production (calls production answered), scored alike, per agent and reward window (and "
+        "per policy version, for a window several versions answered) and over a trailing span "
+        "(Welch's t interval at compare.level), with the calls routed to the policy that fell "
+        "back to production beside them, and the rollout's routing changes. Reads the topics; "
+        "writes nothing.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -166,6 +169,14 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="recompute from the closed windows (<p>.windows) with the current compare.* and "
         "gateway.rollout.* settings instead of reading what was published",
+    )
+    p.add_argument(
+        "--policy-version",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only policy version N: the windows it answered alone, its own comparison of a "
+        "window several versions answered, and the routing changes that judged it",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_compare)

@@ -14,8 +14,14 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.interrupt import install
+
+# Property tests check properties, not speed: no per-example deadline (Hypothesis's default
+# 200 ms fails an example that a loaded machine merely ran slowly); timing is for bench/.
+settings.register_profile("trajstream", deadline=None)
+settings.load_profile("trajstream")
 
 SHARED_BOOTSTRAP = "PYTEST_TRAJSTREAM_BOOTSTRAP"
 ROOT = Path(__file__).resolve().parents[1]

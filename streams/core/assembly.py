@@ -45,7 +45,7 @@ from ..models import (
     Tick,
     Trajectory,
 )
-from .arms import routed_upstream, scored_unselected
+from .arms import call_arm, policy_version_of, scored_unselected
 from .select import CallView, Strategy, routed_selection
 
 __all__ = [
@@ -283,7 +283,9 @@ def close(
 ) -> tuple[Selection, Trajectory | None]:
     """Decide selection for a closing call and build its trajectory when selected, or when a
     gateway routed it to production (scored for the comparison, not trained on:
-    :mod:`streams.core.arms`).
+    :mod:`streams.core.arms`). The trajectory's ``upstream`` is the call's arm
+    (:func:`~.arms.call_arm`: a call routed to the policy that fell back is
+    ``trinity-fallback`` or ``mixed``) and its ``policy_version`` the oldest of its steps'.
 
     A call a gateway routed is selected as its START says (:func:`~.select.routed_selection`);
     the others by ``strategy``.
@@ -321,7 +323,8 @@ def close(
         started_at=start.event_time if start else None,
         ended_at=view.ended_at,
         closed_reason=reason,
-        upstream=routed_upstream(start),
+        upstream=call_arm(start, state.steps),
+        policy_version=policy_version_of(state.steps),
     )
     return selection, trajectory
 

@@ -36,7 +36,7 @@ from ..models import (
     Trajectory,
     UserFeedback,
 )
-from .arms import trains
+from .arms import trains, untrained_reason
 from .commits import CommitPort
 from .compare import CompareConfig
 from .effects import Envelope, Out, Reject
@@ -183,7 +183,7 @@ def plan_feedback(
         if rewarded.trajectory_id in acknowledged:
             skipped.append(rewarded.trajectory_id)
         elif not trains(rewarded):
-            unsendable.append((rewarded.call_id, "answered by production: scored, not trained"))
+            unsendable.append((rewarded.call_id, untrained_reason(rewarded)))
         elif not rewarded.msg_ids:
             unsendable.append((rewarded.call_id, "no msg_ids (no LLM step with a response id)"))
         else:

@@ -1,10 +1,21 @@
 """The comparison: the policy's rewards against production's, per agent, with a confidence interval.
 
 Both arms are scored by the same reward function on the same agents at the same time
-(:mod:`streams.core.arms`); the ledger closes a reward window per agent x model x upstream.
-:func:`compare_windows` turns the windows the ledger closed in one decision into one
-:class:`~streams.models.Comparison` per agent and window (the models of an arm pooled), and one
-over a trailing span of the last ``trailing_windows`` windows of each agent.
+(:mod:`streams.core.arms`); the ledger closes a reward window per agent x model x upstream, the
+policy's per version too. :func:`compare_windows` turns the windows the ledger closed in one
+decision into one :class:`~streams.models.Comparison` per agent and window (the models and
+versions of an arm pooled, ``span: window``), one per policy version of a window that several
+versions answered (``span: version``: that version's calls against the same production calls),
+and one over a trailing span of the last ``trailing_windows`` windows of each agent.
+
+Fallbacks
+  A call routed to the policy that production answered, in whole (``trinity-fallback``) or in
+  part (``mixed``), is in neither arm's mean: what the policy did not answer says nothing of
+  its quality. It is counted beside the means (``policy_fallbacks``, ``policy_mixed``, and the
+  ``fallback_rate`` of the calls routed to the policy), so a policy that answers well but
+  seldom is seen as such; the rollout does not promote it while that rate is high
+  (:mod:`streams.core.rollout`). Fallbacks carry no policy version (production answered), so a
+  window's counts stand on each of its comparisons, whatever their version.
 
 The statistics
   The difference is ``policy mean - production mean``; its interval is **Welch's t interval**
@@ -40,7 +51,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..models import Comparison, LedgerState, WindowAccumulator, WindowSummary
-from .arms import POLICY, PRODUCTION
+from .arms import FALLBACK, MIXED, POLICY, PRODUCTION
 
 __all__ = [
     "Arm",
@@ -222,8 +233,14 @@ def compare_arms(
     cfg: CompareConfig,
     span: str = "window",
     windows: int = 1,
+    policy_version: int | None = None,
+    fallbacks: int = 0,
+    mixed: int = 0,
+    routed: int | None = None,
 ) -> Comparison:
-    """The comparison record of two arms' samples."""
+    """The comparison record of two arms' samples; ``fallbacks`` and ``mixed`` calls of the
+    policy counted beside them, their rate over ``routed`` calls (default: the policy's calls
+    and these)."""
     interval = welch(policy, production, cfg.level)
     enough = min(policy.count, production.count) >= max(2, cfg.min_count)
     if interval is None or not enough:
@@ -234,9 +251,10 @@ def compare_arms(
         verdict = "worse"
     else:
         verdict = "inconclusive"
+    routed = policy.count + fallbacks + mixed if routed is None else routed
     return Comparison(
         agent_name=agent,
-        span="trailing" if span == "trailing" else "window",
+        span=span if span in ("trailing", "version") else "window",  # type: ignore[arg-type]
         window_start=start,
         window_end=end,
         windows=windows,
@@ -254,6 +272,10 @@ def compare_arms(
         method="welch",
         verdict=verdict,  # type: ignore[arg-type]
         emitted_at=now,
+        policy_version=policy_version,
+        policy_fallbacks=fallbacks,
+        policy_mixed=mixed,
+        fallback_rate=(fallbacks + mixed) / routed if routed else None,
     )
 
 
@@ -265,36 +287,38 @@ def arm_of_summary(summary: WindowSummary) -> Arm:
     return Arm(summary.count, summary.mean, summary.stddev * summary.stddev * summary.count)
 
 
+ARMS = (POLICY, PRODUCTION, FALLBACK, MIXED)
+"""The upstreams a comparison reads: its two arms, and the policy's fallbacks it counts."""
+
+
 def compare_windows(
     state: LedgerState, summaries: list[WindowSummary], now: datetime, cfg: CompareConfig
 ) -> list[Comparison]:
-    """One comparison per agent and window among ``summaries`` that has a window of either arm
-    (oldest first), then one over the trailing span of each of those agents. Keeps each arm's
-    last ``trailing_windows`` windows in ``state.arm_windows``."""
+    """Per agent and window among ``summaries`` that has a window of either arm or a fallback
+    (oldest first): one comparison of the arms (``span: window``), then, when several policy
+    versions answered the window, one per version (``span: version``, oldest first); then one
+    over the trailing span of each of those agents. Keeps each arm's last ``trailing_windows``
+    windows in ``state.arm_windows`` (every version pooled)."""
     grouped: dict[tuple[str, datetime], dict[str, list[WindowSummary]]] = {}
     for s in summaries:
-        if s.upstream in (POLICY, PRODUCTION):
-            arms = grouped.setdefault((s.agent_name, s.window_start), {POLICY: [], PRODUCTION: []})
+        if s.upstream in ARMS:
+            arms = grouped.setdefault((s.agent_name, s.window_start), {a: [] for a in ARMS})
             arms[s.upstream].append(s)
     out: list[Comparison] = []
     agents: dict[str, None] = {}
     for (agent, start), arms in sorted(grouped.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        end = max(s.window_end for s in arms[POLICY] + arms[PRODUCTION])
         pooled = {name: pool(map(arm_of_summary, windows)) for name, windows in arms.items()}
-        out.append(
-            compare_arms(
-                agent, pooled[POLICY], pooled[PRODUCTION], start=start, end=end, now=now, cfg=cfg
-            )
-        )
+        out += _of_window(agent, start, arms, pooled, now, cfg)
         for name, arm in pooled.items():
-            _remember(state, agent, name, start, arm, cfg.trailing_windows)
+            if arm.count or name in (POLICY, PRODUCTION):
+                _remember(state, agent, name, start, arm, cfg.trailing_windows)
         agents[agent] = None
     for agent in agents:
         kept = [w for w in state.arm_windows if w.agent_name == agent]
         starts = sorted({w.window_start for w in kept})
         arms_of = {
             name: pool(Arm(w.count, w.mean, w.m2) for w in kept if w.upstream == name)
-            for name in (POLICY, PRODUCTION)
+            for name in ARMS
         }
         window = max(s.window_end - s.window_start for s in summaries if s.agent_name == agent)
         out.append(
@@ -308,9 +332,53 @@ def compare_windows(
                 cfg=cfg,
                 span="trailing",
                 windows=len(starts),
+                fallbacks=arms_of[FALLBACK].count,
+                mixed=arms_of[MIXED].count,
             )
         )
     return out
+
+
+def _of_window(
+    agent: str,
+    start: datetime,
+    arms: dict[str, list[WindowSummary]],
+    pooled: dict[str, Arm],
+    now: datetime,
+    cfg: CompareConfig,
+) -> list[Comparison]:
+    """The comparisons of one agent's window: the arms, then each version of several."""
+    end = max(s.window_end for windows in arms.values() for s in windows)
+    falls, mixed = pooled[FALLBACK].count, pooled[MIXED].count
+    routed = pooled[POLICY].count + falls + mixed
+
+    def versus(policy: Arm, span: str = "window", version: int | None = None) -> Comparison:
+        return compare_arms(
+            agent,
+            policy,
+            pooled[PRODUCTION],
+            start=start,
+            end=end,
+            now=now,
+            cfg=cfg,
+            span=span,
+            policy_version=version,
+            fallbacks=falls,
+            mixed=mixed,
+            routed=routed,
+        )
+
+    versions = sorted({s.policy_version for s in arms[POLICY]}, key=_version_order)
+    out = [versus(pooled[POLICY], version=versions[0] if len(versions) == 1 else None)]
+    if len(versions) > 1:  # several versions answered: each is compared on its own calls
+        for version in (v for v in versions if v is not None):
+            calls = (arm_of_summary(s) for s in arms[POLICY] if s.policy_version == version)
+            out.append(versus(pool(calls), "version", version))
+    return out
+
+
+def _version_order(version: int | None) -> int:
+    return -1 if version is None else version
 
 
 def _remember(

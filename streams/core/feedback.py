@@ -36,8 +36,8 @@ class FeedbackRequest:
 
 def feedback_requests(rewarded: RewardedTrajectory) -> list[FeedbackRequest]:
     """The ``/feedback`` requests of ``rewarded``: one per distinct reward, see the module;
-    none for a call production answered (:func:`streams.core.arms.trains`): it is acknowledged
-    with no request, for the ledger's windows of its upstream."""
+    none for a call production answered, in whole or in part (:func:`streams.core.arms.trains`):
+    it is acknowledged with no request, for the ledger's windows of its upstream."""
     if not trains(rewarded):
         return []
     groups: dict[float, list[str]] = {}

@@ -20,14 +20,19 @@ Commits
 Reward windows
   Event-time tumbling windows per agent name, model and upstream (who answered the call,
   :mod:`streams.core.arms`; key ``agent|model``, with ``|upstream`` appended for calls a
-  gateway routed): count, mean, min, max, standard
-  deviation (Welford), success rate. A window is final when the watermark (largest event time
-  seen) passes its end plus ``grace``, or, when the ledger has been idle for ``grace`` seconds of
-  processing time, when the wall clock passes its end plus ``grace``. Each window is emitted once; a
-  trajectory for an emitted window is late and counted in the next summary of its agent/model.
+  gateway routed), and, for the policy's calls (``trinity``), per policy version (the
+  comparison is then read per version): count, mean, min, max, standard deviation (Welford),
+  success rate. Lateness, drift and holds are decided per key, every version of a window pooled
+  (:func:`pool_versions`), so the state kept between windows does not grow with the versions
+  the policy goes through. A window is final when the watermark (largest event time seen)
+  passes its end plus ``grace``, or, when the ledger has been idle for ``grace`` seconds of
+  processing time, when the wall clock passes its end plus ``grace``. Each window is emitted
+  once; a trajectory for an emitted window is late and counted in the next summary of its
+  agent/model.
 
 Commit holds
-  Drift alerts are raised on the windows of trained calls only (not production's).
+  Drift alerts are raised on the windows of trained calls only (not production's, nor the
+  fallbacks' and mixed calls' of the policy).
   With ``hold_on_drift``, a drift alert for an agent and model holds commits: a commit that
   falls due is recorded with ``sent: false`` and the reason, and not sent (stop feeding the
   trainer when its rewards drop). Trinity's ``/commit`` drains every ready experience, whatever
@@ -62,7 +67,7 @@ from ..models import (
     WindowAccumulator,
     WindowSummary,
 )
-from .arms import PRODUCTION, trains
+from .arms import POLICY, UNTRAINED, trains
 from .compare import CompareConfig
 from .rollout import RolloutConfig
 
@@ -86,6 +91,7 @@ __all__ = [
     "due_windows",
     "held_commit",
     "is_held",
+    "pool_versions",
     "update_holds",
     "window_key",
 ]
@@ -125,8 +131,8 @@ def drift_alerts(
     earlier windows (at least two of them), for rewards that are not all zero.
     """
     alerts = []
-    for summary in summaries:
-        if summary.upstream == PRODUCTION:  # production's rewards do not hold training
+    for summary in pool_versions(summaries):
+        if summary.upstream in UNTRAINED:  # production's rewards do not hold training
             continue
         pair = window_key(summary.agent_name, summary.model, summary.upstream)
         history = state.trailing.get(pair, [])
@@ -169,8 +175,9 @@ def update_holds(
         state.holds = [h for h in state.holds if h.reason is not None]
         return started, drops
     raised = {(a.agent_name, a.model, a.window_start): a for a in alerts}
-    for summary in summaries:  # oldest first: a drop then a recovery in one batch ends held
-        if summary.upstream == PRODUCTION:
+    # oldest first: a drop then a recovery in one batch ends held
+    for summary in pool_versions(summaries):
+        if summary.upstream in UNTRAINED:
             continue
         key = (summary.agent_name, summary.model, summary.window_start)
         hold = next(
@@ -286,6 +293,8 @@ def apply_ack(state: LedgerState, ack: FeedbackAck, now: datetime, cfg: LedgerCo
         state.watermark = rewarded.event_time
 
     agent, model, upstream = rewarded.agent_name or "-", rewarded.model or "-", rewarded.upstream
+    # the policy's windows are kept per version; lateness stays per key (bounded state)
+    version = rewarded.policy_version if upstream == POLICY else None
     pair = window_key(agent, model, upstream)
     start = _window_start(rewarded.event_time, cfg.window)
     if _ms(start) < state.closed_until.get(pair, -(2**62)):
@@ -298,13 +307,18 @@ def apply_ack(state: LedgerState, ack: FeedbackAck, now: datetime, cfg: LedgerCo
             if w.agent_name == agent
             and w.model == model
             and w.upstream == upstream
+            and w.policy_version == version
             and w.window_start == start
         ),
         None,
     )
     if acc is None:
         acc = WindowAccumulator(
-            agent_name=agent, model=model, window_start=start, upstream=upstream
+            agent_name=agent,
+            model=model,
+            window_start=start,
+            upstream=upstream,
+            policy_version=version,
         )
         state.windows.append(acc)
     acc.count += 1
@@ -329,9 +343,7 @@ def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[Wi
         return []
     final: list[WindowAccumulator] = []
     keep: list[WindowAccumulator] = []
-    for acc in sorted(
-        state.windows, key=lambda w: (w.window_start, w.agent_name, w.model, w.upstream or "")
-    ):
+    for acc in sorted(state.windows, key=window_order):
         end = acc.window_start + cfg.window
         (final if end <= horizon else keep).append(acc)
     state.windows = keep
@@ -355,9 +367,51 @@ def due_windows(state: LedgerState, now: datetime, cfg: LedgerConfig) -> list[Wi
                 late=state.late.pop(pair, 0),
                 emitted_at=now,
                 upstream=acc.upstream,
+                policy_version=acc.policy_version,
             )
         )
     return summaries
+
+
+def window_order(w: WindowAccumulator | WindowSummary) -> tuple[datetime, str, str, str, int]:
+    """The order windows close in (and a replay of them must keep): time, agent, model,
+    upstream, version."""
+    version = -1 if w.policy_version is None else w.policy_version
+    return (w.window_start, w.agent_name, w.model, w.upstream or "", version)
+
+
+def pool_versions(summaries: list[WindowSummary]) -> list[WindowSummary]:
+    """The summaries with the policy versions of one agent, model, upstream and window pooled
+    into one (exactly: counts, means and squared deviations combined), in the order of each
+    key's first summary. A key with one summary is that summary."""
+    grouped: dict[tuple[str, str, str | None, datetime], list[WindowSummary]] = {}
+    for s in summaries:
+        grouped.setdefault((s.agent_name, s.model, s.upstream, s.window_start), []).append(s)
+    out = []
+    for parts in grouped.values():
+        if len(parts) == 1:
+            out.append(parts[0])
+            continue
+        n = sum(s.count for s in parts)
+        mean = sum(s.mean * s.count for s in parts) / n if n else 0.0
+        m2 = sum(s.stddev * s.stddev * s.count + s.count * (s.mean - mean) ** 2 for s in parts)
+        successes = sum(s.success_rate * s.count for s in parts)
+        versions = {s.policy_version for s in parts}
+        out.append(
+            parts[0].model_copy(
+                update={
+                    "count": n,
+                    "mean": mean,
+                    "min": min(s.min for s in parts),
+                    "max": max(s.max for s in parts),
+                    "stddev": math.sqrt(m2 / n) if n else 0.0,
+                    "success_rate": successes / n if n else 0.0,
+                    "late": sum(s.late for s in parts),
+                    "policy_version": versions.pop() if len(versions) == 1 else None,
+                }
+            )
+        )
+    return out
 
 
 def due_commit(

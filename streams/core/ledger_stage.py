@@ -140,6 +140,8 @@ class LedgerStage:
             key = f"{summary.agent_name}|{summary.model}|{summary.window_start.isoformat()}"
             if summary.upstream is not None:
                 key += f"|{summary.upstream}"
+            if summary.policy_version is not None:
+                key += f"|v{summary.policy_version}"
             out.emit("windows", key.encode(), summary)
         alerts = drift_alerts(state, summaries, now, self.cfg)
         for alert in alerts:

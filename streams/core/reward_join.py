@@ -15,7 +15,9 @@ since when it waits). The rules, in one place for the live worker and replay:
   ``abandon_after + feedback_grace``, then is forgotten as unmatched;
 - a trajectory of a call a gateway routed to production is scored the same way and emitted
   with ``upstream: production``, whatever its msg_ids: the feedback stage sends it to no one,
-  the ledger counts it in its upstream's windows only (:mod:`streams.core.arms`);
+  the ledger counts it in its upstream's windows only (:mod:`streams.core.arms`); so is a call
+  routed to the policy that fell back (``trinity-fallback``) or was answered in part by
+  production (``mixed``, unless ``reward.train_mixed`` names the steps Trinity answered);
 - a reward function that raises (or returns NaN or infinity) is a reward-stage dead letter, and
   so is a trajectory with no msg_ids (no LLM step with a response id): nothing trainable, so
   nothing is sent to Trinity.
@@ -62,7 +64,7 @@ from ..models import (
     UserFeedback,
 )
 from ..state_codec import StateCodec
-from .arms import trains
+from .arms import FALLBACK, MIXED, trains
 from .assemble import check_key
 from .assembly import Deadlines, check_not_future, tick_time
 from .effects import Envelope, Out, Reject, Source
@@ -381,7 +383,8 @@ class RewardJoin:
         if trajectory.upstream is not None:
             rewarded = rewarded.model_copy(update={"upstream": trajectory.upstream})
         if not trains(rewarded):  # production's answer: scored for the comparison only
-            out.stats["trajectories.rewarded_production"] += 1
+            kind = {FALLBACK: "fallback", MIXED: "mixed"}.get(rewarded.upstream or "")
+            out.stats[f"trajectories.rewarded_{kind or 'production'}"] += 1
             self._emit(key, trajectory, rewarded, out)
             return
         if not rewarded.msg_ids:

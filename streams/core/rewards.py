@@ -15,6 +15,11 @@ A result may carry a reward per LLM step (``RewardResult.step_rewards``, keyed b
 (step ``i`` of ``n``, so the last step gets the whole reward). The feedback stage then sends
 one ``/feedback`` per distinct reward (:func:`streams.core.feedback.feedback_requests`).
 
+The rewarded record's msg_ids are those the reward is sent for
+(:func:`streams.core.arms.trained_msg_ids`): none for a call production answered in whole or in
+part, unless ``reward.train_mixed`` (``train_mixed``) sends a mixed call's steps that Trinity
+answered in full.
+
 Built-ins (all in [0, 1]): :func:`success`, :func:`answer_length`, :func:`tool_calls`,
 :func:`latency_efficiency`, :func:`user_rating`, :func:`judge` (the LLM judge's score), and
 :class:`Composite`, a weighted sum of others with the weights normalised to 1::
@@ -45,6 +50,7 @@ from ..models import (
     StepKind,
     Trajectory,
 )
+from .arms import trained_msg_ids
 from .assembly import last_model
 from .plugins import load_object
 
@@ -208,18 +214,32 @@ def build_rewarder(
     function: str,
     weights: Mapping[str, float] | None = None,
     step_discount: float | None = None,
+    *,
+    train_mixed: bool = False,
 ) -> Rewarder:
     """The rewarder for the settings' ``reward.function`` (and ``reward.weights``,
-    ``reward.step_discount``), as the live workers and ``trajstream replay`` both build it, so
-    every record names it the same way."""
+    ``reward.step_discount``, ``reward.train_mixed``), as the live workers and ``trajstream
+    replay`` both build it, so every record names it the same way."""
     name = None if function == "composite" else function
-    return Rewarder(load_reward(function, weights), name=name, step_discount=step_discount)
+    return Rewarder(
+        load_reward(function, weights),
+        name=name,
+        step_discount=step_discount,
+        train_mixed=train_mixed,
+    )
 
 
 class Rewarder:
     """Applies one reward function to trajectories and builds the rewarded records."""
 
-    def __init__(self, fn: RewardFn, name: str | None = None, step_discount: float | None = None):
+    def __init__(
+        self,
+        fn: RewardFn,
+        name: str | None = None,
+        step_discount: float | None = None,
+        *,
+        train_mixed: bool = False,
+    ):
         if step_discount is not None and not 0.0 < step_discount <= 1.0:
             raise ConfigError(f"reward.step_discount must be in (0, 1], got {step_discount}")
         self.fn = fn
@@ -229,6 +249,9 @@ class Rewarder:
             # the discount changes what is sent: part of the recorded version (and so of a
             # replay's identity); without it, versions stay as they were
             self.version += f"+step_discount={step_discount:g}"
+        if train_mixed:  # changes what is sent, as the discount does
+            self.version += "+train_mixed"
+        self.train_mixed = train_mixed
         self.wants_feedback = bool(getattr(fn, "wants_feedback", False))
         self.needs_verdict = _needs_verdict(fn)
         self.step_discount = step_discount
@@ -254,14 +277,19 @@ class Rewarder:
         bad += [f"step reward of {k}" for k, v in steps.items() if not math.isfinite(v)]
         if bad:
             raise RewardError(f"reward function {self.name} returned a non-finite {', '.join(bad)}")
+        msg_ids = trained_msg_ids(trajectory, train_mixed=self.train_mixed)
         step_rewards = self._steps(trajectory.msg_ids, value, steps)
+        if len(msg_ids) < len(trajectory.msg_ids):  # only the steps sent are rewarded apart
+            step_rewards = {m: step_rewards[m] for m in msg_ids if m in step_rewards}
+            if all(r == value for r in step_rewards.values()):
+                step_rewards = {}
         mark = trajectory.mark
         return RewardedTrajectory(
             trajectory_id=trajectory.trajectory_id,
             call_id=trajectory.call_id,
             task_id=trajectory.task_id,
             run_id=trajectory.run_id,
-            msg_ids=trajectory.msg_ids,
+            msg_ids=msg_ids,
             reward=value,
             components=components,
             reward_fn=self.name,
@@ -273,6 +301,7 @@ class Rewarder:
             labels=list(mark.labels) if mark else [],
             metadata=dict(mark.metadata) if mark else {},
             step_rewards=step_rewards,
+            policy_version=trajectory.policy_version,
         )
 
     def _steps(self, msg_ids: list[str], value: float, steps: dict[str, float]) -> dict[str, float]:

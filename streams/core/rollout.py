@@ -7,13 +7,22 @@ deployment, applies each agent's per-window :class:`~streams.models.Comparison` 
 The gateway replicas read that topic and route a call to Trinity when its hash is below the
 share in force at the call's start (:mod:`streams.capture.routing`).
 
-The rule, per agent, on each window comparison, oldest first:
+The rule, per agent, on each window, oldest first. The window's judged comparison
+(:func:`judged`) is the one of the **newest policy version that has enough calls** in it (a
+verdict other than ``insufficient``; the newest version when none has), or, when no call of the
+window names a version, the window's own (every call pooled): a checkpoint is judged on its own
+answers, not pooled with the one it replaced. Then:
 
 - the first comparison of an agent starts it at ``initial_share`` (action ``start``);
 - ``better`` counts a win and resets the losses; ``worse`` counts a loss and resets the wins;
-  ``inconclusive`` and ``insufficient`` reset both (streaks are of consecutive windows);
+  ``inconclusive`` and ``insufficient`` reset both (streaks are of consecutive windows). Wins
+  count for one version: a win of another version than the streak's starts a new streak (the
+  policy that would get more traffic must have won it); losses count whatever the version;
 - ``promote_after`` consecutive wins raise the share by ``step`` up to ``max_share`` (action
-  ``promote``), and the streak starts again: each further step needs as many new wins;
+  ``promote``), and the streak starts again: each further step needs as many new wins. Not
+  while the window's ``fallback_rate`` (calls routed to the policy that production answered, in
+  whole or in part) is above ``max_fallback_rate``: the share stays, a ``blocked`` change says
+  why, and the streak starts again;
 - ``rollback_after`` consecutive losses set the share to ``floor`` (action ``rollback``; 0 by
   default: production answers everything), and so does a drift alert on the policy's windows
   of the agent (action ``drift``). A rollback also holds commits (a
@@ -25,7 +34,8 @@ The rule, per agent, on each window comparison, oldest first:
   ``resume``), and the streaks start from zero.
 
 Every change takes effect ``apply_delay`` after the decision (``effective_at``), so that every
-gateway replica has read it before the first call it applies to starts.
+gateway replica has read it before the first call it applies to starts, and names the policy
+version it judged (``policy_version``: a rollback names the version that lost).
 
 May import: the standard library, :mod:`streams.models`.
 """
@@ -45,7 +55,14 @@ from ..models import (
     RoutingShare,
 )
 
-__all__ = ["ROLLBACK", "RolloutConfig", "apply_override", "decide_rollout", "rollout_of"]
+__all__ = [
+    "ROLLBACK",
+    "RolloutConfig",
+    "apply_override",
+    "decide_rollout",
+    "judged",
+    "rollout_of",
+]
 
 ROLLBACK = "rollback"
 """The reason of a commit hold that a rollback started."""
@@ -61,6 +78,7 @@ class RolloutConfig:
     promote_after: int = 3
     rollback_after: int = 1
     apply_delay: timedelta = timedelta(seconds=5)
+    max_fallback_rate: float = 0.1
 
 
 def rollout_of(state: LedgerState, agent: str) -> AgentRollout | None:
@@ -77,6 +95,7 @@ def _change(
     cfg: RolloutConfig,
     evidence: list[Comparison],
     requested_by: str = "",
+    policy_version: int | None = None,
 ) -> RoutingShare:
     previous = current.share
     current.share = round(min(1.0, max(0.0, share)), 9)
@@ -93,6 +112,7 @@ def _change(
         reason=reason,
         evidence=evidence,
         requested_by=requested_by,
+        policy_version=policy_version,
     )
 
 
@@ -116,6 +136,31 @@ def _trail(history: list[Comparison], n: int) -> list[Comparison]:
     return history[-n:] if n > 0 else []
 
 
+def judged(comparisons: list[Comparison]) -> list[Comparison]:
+    """The comparison the rollout judges for each agent and window among ``comparisons`` (in
+    the order of their first comparison): among the window's per-version comparisons (span
+    ``version``), the newest version's whose verdict is not ``insufficient``, else the newest;
+    without any, the window's own (span ``window``). Trailing spans are never judged."""
+    grouped: dict[tuple[str, object], list[Comparison]] = {}
+    for c in comparisons:
+        if c.span in ("window", "version"):
+            grouped.setdefault((c.agent_name, c.window_start), []).append(c)
+    out = []
+    for cs in grouped.values():
+        versions = sorted(
+            (c for c in cs if c.span == "version" and c.policy_version is not None),
+            key=lambda c: c.policy_version or 0,
+            reverse=True,
+        )
+        enough = (c for c in versions if c.verdict != "insufficient")
+        out.append(next(enough, versions[0]) if versions else cs[0])
+    return out
+
+
+def _of_version(c: Comparison) -> str:
+    return "" if c.policy_version is None else f" (policy version {c.policy_version})"
+
+
 def decide_rollout(
     state: LedgerState,
     comparisons: list[Comparison],
@@ -130,23 +175,33 @@ def decide_rollout(
     if not cfg.enabled:
         return []
     changes: list[RoutingShare] = []
-    for c in comparisons:
-        if c.span != "window":
-            continue
+    latest: dict[str, Comparison] = {}
+    for c in judged(comparisons):
         agent = c.agent_name
+        latest[agent] = c
         current = rollout_of(state, agent)
         if current is None:
             current = AgentRollout(agent_name=agent, share=0.0)
             state.rollout.append(current)
             changes.append(
                 _change(
-                    state, current, cfg.initial_share, "start", "first comparison", now, cfg, [c]
+                    state,
+                    current,
+                    cfg.initial_share,
+                    "start",
+                    "first comparison",
+                    now,
+                    cfg,
+                    [c],
+                    policy_version=c.policy_version,
                 )
             )
         if current.pinned:
             continue
         if c.verdict == "better":
-            current.wins, current.losses = current.wins + 1, 0
+            # a win extends a streak of the same version only
+            same = bool(current.streak) and current.streak[-1].policy_version == c.policy_version
+            current.wins, current.losses = (current.wins + 1 if same else 1), 0
         elif c.verdict == "worse":
             current.wins, current.losses = 0, current.losses + 1
         else:
@@ -156,8 +211,9 @@ def decide_rollout(
         history = current.streak
         if current.losses >= cfg.rollback_after and current.share > cfg.floor:
             reason = (
-                f"worse than production with confidence for {current.losses} window(s): "
-                f"difference {c.difference:.4g} in [{c.lower:.4g}, {c.upper:.4g}]"
+                f"worse than production with confidence for {current.losses} window(s)"
+                f"{_of_version(c)}: difference {c.difference:.4g} in [{c.lower:.4g}, "
+                f"{c.upper:.4g}]"
             )
             changes.append(
                 _change(
@@ -169,6 +225,7 @@ def decide_rollout(
                     now,
                     cfg,
                     _trail(history, cfg.rollback_after),
+                    policy_version=c.policy_version,
                 )
             )
             current.rolled_back, current.wins, current.losses = True, 0, 0
@@ -179,21 +236,34 @@ def decide_rollout(
             and not current.rolled_back
             and current.share < cfg.max_share
         ):
-            reason = (
-                f"better than production with confidence for {current.wins} window(s): "
-                f"difference {c.difference:.4g} in [{c.lower:.4g}, {c.upper:.4g}]"
+            better = (
+                f"better than production with confidence for {current.wins} window(s)"
+                f"{_of_version(c)}: difference {c.difference:.4g} in [{c.lower:.4g}, "
+                f"{c.upper:.4g}]"
             )
-            share = min(cfg.max_share, current.share + cfg.step)
+            rate = c.fallback_rate or 0.0
+            if rate > cfg.max_fallback_rate:
+                action, share = "blocked", current.share
+                reason = (
+                    f"not promoted: {rate:.1%} of the calls routed to the policy fell back to "
+                    f"production in the last window ({c.policy_fallbacks} fallback, "
+                    f"{c.policy_mixed} mixed), above gateway.rollout.max_fallback_rate "
+                    f"{cfg.max_fallback_rate:.1%}; {better}"
+                )
+            else:
+                action, reason = "promote", better
+                share = min(cfg.max_share, current.share + cfg.step)
             changes.append(
                 _change(
                     state,
                     current,
                     share,
-                    "promote",
+                    action,
                     reason,
                     now,
                     cfg,
                     _trail(history, cfg.promote_after),
+                    policy_version=c.policy_version,
                 )
             )
             current.wins, current.streak = 0, []
@@ -208,11 +278,19 @@ def decide_rollout(
                 f"drift: window mean {alert.mean:.4g} < {alert.fraction:g} x trailing "
                 f"{alert.trailing_mean:.4g} ({alert.model})"
             )
-            latest = [
-                c for c in comparisons if c.agent_name == current.agent_name and c.span == "window"
-            ]
+            last = latest.get(current.agent_name)
             changes.append(
-                _change(state, current, cfg.floor, "drift", reason, now, cfg, latest[-1:])
+                _change(
+                    state,
+                    current,
+                    cfg.floor,
+                    "drift",
+                    reason,
+                    now,
+                    cfg,
+                    [last] if last is not None else [],
+                    policy_version=last.policy_version if last is not None else None,
+                )
             )
             current.rolled_back, current.wins, current.losses = True, 0, 0
             _hold(state, current.agent_name, None, now)

@@ -36,6 +36,7 @@ from rich.table import Table
 
 from ..capture.gateway import build_gateway
 from ..codec import SchemaRegistry
+from ..core.arms import UNTRAINED
 from ..core.select import build_strategy
 from ..models import (
     AvroModel,
@@ -350,7 +351,7 @@ def _summary(
     )
     by_trinity = sum(s.upstream == "trinity" for s in sims)
     trajectories = [t for t in topics["trajectories"] if isinstance(t, Trajectory)]
-    trained = [t for t in trajectories if t.upstream != "production"]
+    trained = [t for t in trajectories if t.upstream not in UNTRAINED]
     compared = [t for t in trajectories if t.upstream == "production"]
     rewarded = [r for r in topics["rewarded"] if isinstance(r, RewardedTrajectory)]
     windows = [w for w in topics["windows"] if isinstance(w, WindowSummary)]
@@ -425,7 +426,7 @@ def _summary(
             w.window_start.strftime("%H:%M:%S"),
             w.agent_name,
             w.model,
-            w.upstream or "-",
+            (w.upstream or "-") + ("" if w.policy_version is None else f" v{w.policy_version}"),
             str(w.count),
             f"{w.mean:.3f}",
             f"{w.min:.3f}",

@@ -122,10 +122,13 @@ class Completion(AvroModel):
     @property
     def msg_id(self) -> str | None:
         """The id Trinity knows this step's experience by: its shadow answer's (shadow mode),
-        else its own response id, unless production answered it (Trinity never saw that)."""
+        else its own response id, unless production answered it (Trinity never saw that; a
+        step that fell back is production's whatever its ``upstream`` says)."""
         if self.shadow_response_id:
             return self.shadow_response_id
-        return self.response_id if self.upstream != "production" else None
+        if self.upstream == "production" or self.fallback is not None:
+            return None
+        return self.response_id
 
 
 class UserFeedback(AvroModel):

@@ -63,8 +63,10 @@ class Trajectory(AvroModel):
     ended_at: UtcDateTime
     closed_reason: str = "ended"
     upstream: str | None = None
-    """Who answered, as the gateway routed the call (``streams.core.arms``); None: not
-    routed by a gateway."""
+    """Who answered the call (``streams.core.arms``: ``trinity``, ``production``,
+    ``trinity-shadow``, ``trinity-fallback``, ``mixed``); None: not routed by a gateway."""
+    policy_version: int | None = None
+    """The oldest policy version among the steps Trinity answered; None: none known."""
 
     @property
     def msg_ids(self) -> list[str]:
@@ -93,7 +95,11 @@ class RewardedTrajectory(AvroModel):
     step_rewards: dict[str, float] = Field(default_factory=dict)
     upstream: str | None = None
     """Who answered: ``trinity``, ``production`` (scored, not sent to Trinity),
-    ``trinity-shadow``; None when no gateway routed the call (:mod:`streams.core.arms`)."""
+    ``trinity-shadow``, ``trinity-fallback`` and ``mixed`` (routed to the policy, answered by
+    production in whole or in part: scored, counted, not sent by default); None when no
+    gateway routed the call (:mod:`streams.core.arms`)."""
+    policy_version: int | None = None
+    """The trajectory's policy version (the oldest among its Trinity-answered steps)."""
 
     @field_validator("reward")
     @classmethod
@@ -190,6 +196,7 @@ class WindowSummary(AvroModel):
     late: int = 0
     emitted_at: UtcDateTime
     upstream: str | None = None
+    policy_version: int | None = None
 
 
 class DriftAlert(AvroModel):
@@ -211,7 +218,7 @@ class Comparison(AvroModel):
 
     avro_name: ClassVar[str] = "io.trajstream.Comparison"
     agent_name: str
-    span: Literal["window", "trailing"]
+    span: Literal["window", "trailing", "version"]
     window_start: UtcDateTime
     window_end: UtcDateTime
     windows: int = 1
@@ -229,6 +236,15 @@ class Comparison(AvroModel):
     method: str = "welch"
     verdict: Literal["better", "worse", "inconclusive", "insufficient"]
     emitted_at: UtcDateTime
+    policy_version: int | None = None
+    """span window: the one version that answered the window's policy calls (None: several, or
+    none known); span version: the version compared; span trailing: None."""
+    policy_fallbacks: int = 0
+    """Calls routed to the policy that production answered from their first request."""
+    policy_mixed: int = 0
+    """Calls routed to the policy answered in part by production (or broken part way)."""
+    fallback_rate: float | None = None
+    """(policy_fallbacks + policy_mixed) / the calls routed to the policy; None: none was."""
 
 
 class RoutingShare(AvroModel):
@@ -245,6 +261,8 @@ class RoutingShare(AvroModel):
     reason: str = ""
     evidence: list[Comparison] = Field(default_factory=list)
     requested_by: str = ""
+    policy_version: int | None = None
+    """The policy version the decision judged (None: an operator's, or none known)."""
 
 
 class CommitRecord(AvroModel):

@@ -119,6 +119,7 @@ class WindowAccumulator(AvroModel):
     max: float = -math.inf
     successes: int = 0
     upstream: str | None = None
+    policy_version: int | None = None
 
 
 class PendingCommit(AvroModel):

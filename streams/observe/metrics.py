@@ -74,7 +74,13 @@ METRICS: dict[str, str] = {
     "trajstream_drift_alerts_total": "reward drift alerts raised, per agent and model",
     "trajstream_compare_mean": "mean reward of an arm (policy, production) in the last "
     "comparison, per agent and span (window, trailing)",
-    "trajstream_compare_calls": "calls of an arm in the last comparison, per agent and span",
+    "trajstream_compare_calls": "calls of an arm in the last comparison, per agent and span; arm "
+    "fallback and mixed: calls routed to the policy that production answered in whole or in "
+    "part (in neither arm's mean)",
+    "trajstream_compare_fallback_rate": "share of the calls routed to the policy that fell back "
+    "to production (in whole or in part) in the last comparison, per agent and span",
+    "trajstream_compare_policy_version": "the policy version of the last comparison that named "
+    "one, per agent",
     "trajstream_compare_difference": "policy mean - production mean in the last comparison, "
     "per agent and span",
     "trajstream_compare_difference_lower": "lower bound of its confidence interval (Welch)",
@@ -82,7 +88,7 @@ METRICS: dict[str, str] = {
     "trajstream_routing_share": "the policy's share of an agent's traffic last decided "
     "(gateway.rollout)",
     "trajstream_routing_changes_total": "routing changes, per agent and action (start, "
-    "promote, rollback, drift, set, resume)",
+    "promote, blocked, rollback, drift, set, resume)",
     "trajstream_assigned_partitions": "input topic partitions assigned to this worker",
     "trajstream_ready": "1 when partitions are assigned and the tables are recovered",
     "trajstream_recovery_stalled_seconds": "while the tables of an assignment recover: seconds "
@@ -216,6 +222,18 @@ class Metrics:
             ["agent", "arm", "span"],
             registry=r,
         )
+        self._cmp_fallback_rate = Gauge(
+            "trajstream_compare_fallback_rate",
+            doc("trajstream_compare_fallback_rate"),
+            ["agent", "span"],
+            registry=r,
+        )
+        self._cmp_version = Gauge(
+            "trajstream_compare_policy_version",
+            doc("trajstream_compare_policy_version"),
+            ["agent"],
+            registry=r,
+        )
         self._cmp_diff = {
             part: Gauge(name, doc(name), ["agent", "span"], registry=r)
             for part, name in (
@@ -300,7 +318,16 @@ class Metrics:
         self._alerts.labels(alert.agent_name, alert.model).inc()
 
     def comparison(self, c: Comparison) -> None:
-        """A comparison of the policy with production was published."""
+        """A comparison of the policy with production was published (one of a single policy
+        version, of a window several answered, sets only the version)."""
+        if c.policy_version is not None:
+            self._cmp_version.labels(c.agent_name).set(c.policy_version)
+        if c.span == "version":
+            return
+        self._cmp_calls.labels(c.agent_name, "fallback", c.span).set(c.policy_fallbacks)
+        self._cmp_calls.labels(c.agent_name, "mixed", c.span).set(c.policy_mixed)
+        rate = c.fallback_rate
+        self._cmp_fallback_rate.labels(c.agent_name, c.span).set(math.nan if rate is None else rate)
         for arm, mean, count in (
             ("policy", c.policy_mean, c.policy_count),
             ("production", c.production_mean, c.production_count),

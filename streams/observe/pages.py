@@ -11,7 +11,8 @@ Everything is read from the topics on each request, with one :class:`TopicReader
 The page renders are pure functions of the records (:func:`index_html`, :func:`call_html`,
 :func:`trend_svg`), tested without Kafka.
 
-May import aiohttp, aiokafka (through :mod:`.status`), the package's models and settings.
+May import aiohttp, aiokafka (through :mod:`.status`), the package's models and settings,
+:func:`streams.core.ledger.pool_versions`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from aiohttp import web
 from aiokafka import TopicPartition
 from aiokafka.partitioner import murmur2
 
+from ..core.ledger import pool_versions
 from ..models import (
     CommitRecord,
     Comparison,
@@ -100,8 +102,10 @@ def trend_svg(windows: Sequence[WindowSummary], width: int = 900, height: int = 
     """Mean reward per closed window, one line per agent and model, as an inline SVG.
 
     Every window is a circle carrying ``data-agent``, ``data-model``, ``data-window-start``
-    (ISO 8601) and ``data-mean``, with a tooltip.
+    (ISO 8601) and ``data-mean``, with a tooltip. The policy's windows, kept per version, are
+    drawn with their versions pooled (one point per window).
     """
+    windows = pool_versions(list(windows))
     if not windows:
         return '<p class="muted" id="trend-empty">no closed reward windows yet</p>'
     left, right, top, bottom = 48, 16, 12, 40

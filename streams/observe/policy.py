@@ -7,7 +7,9 @@ windows, decision by decision (the windows one ledger decision closed share its 
 through the same functions as the live ledger (:func:`streams.core.compare.compare_windows`,
 :func:`streams.core.rollout.decide_rollout`): with the live settings it reproduces what was
 published, with others (``compare.level``, ``gateway.rollout.*``) it shows what they would have
-decided on the same traffic. :func:`render` prints a table per agent.
+decided on the same traffic. :func:`render` prints a table per agent: per window, both arms,
+the policy's fallbacks beside them, the version that answered, and, for a window that several
+versions answered, one row per version (``--version`` keeps one version's).
 
 May import: the core, the models, :mod:`.reader` (its TopicReader), rich.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 from ..core.arms import POLICY
 from ..core.compare import compare_windows
-from ..core.ledger import LedgerConfig
+from ..core.ledger import LedgerConfig, window_order
 from ..core.rollout import apply_override, decide_rollout
 from ..models import (
     Comparison,
@@ -42,13 +44,24 @@ class PolicyView:
     comparisons: list[Comparison] = field(default_factory=list)
     routing: list[RoutingShare] = field(default_factory=list)
 
-    def of(self, agent: str | None, since: datetime | None = None) -> PolicyView:
-        def keep(name: str, at: datetime) -> bool:
-            return agent in (None, name) and (since is None or at >= since)
+    def of(
+        self, agent: str | None, since: datetime | None = None, version: int | None = None
+    ) -> PolicyView:
+        """The comparisons and routing changes of ``agent`` from ``since`` on (None: all);
+        with ``version``, only what names that policy version (a window's comparison when
+        that version alone answered it, or the version's own comparison of a window several
+        answered; the changes that judged it)."""
+
+        def keep(name: str, at: datetime, judged: int | None) -> bool:
+            return (
+                agent in (None, name)
+                and (since is None or at >= since)
+                and version in (None, judged)
+            )
 
         return PolicyView(
-            [c for c in self.comparisons if keep(c.agent_name, c.window_end)],
-            [r for r in self.routing if keep(r.agent_name, r.decided_at)],
+            [c for c in self.comparisons if keep(c.agent_name, c.window_end, c.policy_version)],
+            [r for r in self.routing if keep(r.agent_name, r.decided_at, r.policy_version)],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -81,9 +94,7 @@ def replay_decisions(
             change, _ = apply_override(state, override, at, cfg.rollout)
             if change is not None:
                 view.routing.append(change)
-        closed = sorted(
-            decisions[now], key=lambda w: (w.window_start, w.agent_name, w.model, w.upstream or "")
-        )
+        closed = sorted(decisions[now], key=window_order)
         comparisons = compare_windows(state, closed, now, cfg.compare)
         view.comparisons += comparisons
         policy_models: dict[str, set[str]] = {}
@@ -128,9 +139,22 @@ def _num(v: float | None, fmt: str = ".3f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _version(c: Comparison) -> str:
+    if c.policy_version is not None:
+        return f"v{c.policy_version}"
+    return "several" if c.span == "window" and c.policy_count else "-"
+
+
+def _fallbacks(c: Comparison) -> str:
+    if c.fallback_rate is None:
+        return "-"
+    return f"{c.policy_fallbacks} + {c.policy_mixed} mixed ({c.fallback_rate:.0%})"
+
+
 def render(view: PolicyView, console: Any, *, title: str = "") -> None:
-    """One table of window comparisons per agent (newest last), the latest trailing one, and
-    the routing changes."""
+    """One table of window comparisons per agent (newest last; a window that several policy
+    versions answered is followed by one row per version), the latest trailing one, and the
+    routing changes."""
     from rich.table import Table
 
     agents = sorted({c.agent_name for c in view.comparisons} | {r.agent_name for r in view.routing})
@@ -141,24 +165,30 @@ def render(view: PolicyView, console: Any, *, title: str = "") -> None:
         )
         return
     for agent in agents:
-        rows = [c for c in view.comparisons if c.agent_name == agent and c.span == "window"]
+        rows = [c for c in view.comparisons if c.agent_name == agent and c.span != "trailing"]
         table = Table(title=f"{title}{agent}: policy - production (Welch, {_level(view)})")
         for col in (
             "window",
+            "version",
             "policy n",
             "policy mean",
+            "fallbacks",
             "production n",
             "production mean",
             "difference",
             "interval",
             "verdict",
         ):
-            table.add_column(col, justify="left" if col in ("window", "verdict") else "right")
+            table.add_column(
+                col, justify="left" if col in ("window", "version", "verdict") else "right"
+            )
         for c in rows:
             table.add_row(
-                c.window_start.strftime("%Y-%m-%d %H:%M:%S"),
+                c.window_start.strftime("%Y-%m-%d %H:%M:%S") if c.span == "window" else "",
+                _version(c),
                 str(c.policy_count),
                 _num(c.policy_mean),
+                _fallbacks(c) if c.span == "window" else "",
                 str(c.production_count),
                 _num(c.production_mean),
                 _num(c.difference, "+.3f"),
@@ -170,15 +200,16 @@ def render(view: PolicyView, console: Any, *, title: str = "") -> None:
         if trailing:
             t = trailing[-1]
             console.print(
-                f"  trailing {t.windows} windows: policy {_num(t.policy_mean)} (n={t.policy_count})"
-                f" vs production {_num(t.production_mean)} (n={t.production_count}): "
-                f"{_num(t.difference, '+.3f')} in [{_num(t.lower, '+.3f')}, "
-                f"{_num(t.upper, '+.3f')}] -> {t.verdict}"
+                f"  trailing {t.windows} windows: policy {_num(t.policy_mean)} (n={t.policy_count},"
+                f" fallbacks {_fallbacks(t)}) vs production {_num(t.production_mean)} "
+                f"(n={t.production_count}): {_num(t.difference, '+.3f')} in "
+                f"[{_num(t.lower, '+.3f')}, {_num(t.upper, '+.3f')}] -> {t.verdict}"
             )
         for r in (r for r in view.routing if r.agent_name == agent):
+            judged = "" if r.policy_version is None else f" of policy v{r.policy_version}"
             console.print(
-                f"  routing v{r.version} {r.action}: share {r.previous_share:g} -> {r.share:g} "
-                f"from {r.effective_at.strftime('%H:%M:%S')}"
+                f"  routing v{r.version} {r.action}{judged}: share {r.previous_share:g} -> "
+                f"{r.share:g} from {r.effective_at.strftime('%H:%M:%S')}"
                 + (f" by {r.requested_by}" if r.requested_by else "")
                 + (f" ({r.reason})" if r.reason else "")
             )

@@ -15,8 +15,10 @@ from ..models import CommitRecord, Comparison, DeadLetter, DriftAlert, RoutingSh
 __all__ = [
     "Hint",
     "Member",
+    "PolicyFallbacks",
     "Status",
     "TopicLag",
+    "fallbacks_of",
     "hints",
 ]
 
@@ -37,6 +39,41 @@ class TopicLag:
     partitions: dict[int, int] = field(default_factory=dict)  # partition -> lag
     committed_moved: bool = False
     stalled: list[int] = field(default_factory=list)  # records waited, none committed
+
+
+@dataclass
+class PolicyFallbacks:
+    """One agent's calls routed to the policy over the windows read, and how many of them
+    production answered instead: in whole (``fallbacks``) or in part (``mixed``)."""
+
+    agent: str
+    routed: int
+    answered: int
+    fallbacks: int
+    mixed: int
+
+    @property
+    def rate(self) -> float | None:
+        return (self.fallbacks + self.mixed) / self.routed if self.routed else None
+
+
+def fallbacks_of(comparisons: list[Comparison]) -> list[PolicyFallbacks]:
+    """Per agent, the calls routed to the policy in the window comparisons given (each window
+    once: the last emitted), and those that fell back (pure)."""
+    latest: dict[tuple[str, datetime], Comparison] = {}
+    for c in comparisons:
+        if c.span == "window":
+            key = (c.agent_name, c.window_start)
+            if key not in latest or c.emitted_at >= latest[key].emitted_at:
+                latest[key] = c
+    out: dict[str, PolicyFallbacks] = {}
+    for (agent, _), c in sorted(latest.items()):
+        f = out.setdefault(agent, PolicyFallbacks(agent, 0, 0, 0, 0))
+        f.routed += c.policy_count + c.policy_fallbacks + c.policy_mixed
+        f.answered += c.policy_count
+        f.fallbacks += c.policy_fallbacks
+        f.mixed += c.policy_mixed
+    return [f for f in out.values() if f.routed]
 
 
 @dataclass
@@ -72,6 +109,10 @@ class Status:
     """The newest comparison of the policy with production per agent and span (last hour)."""
     routing: list[RoutingShare] = field(default_factory=list)
     """The newest routing share per agent (gateway.rollout)."""
+    fallbacks: list[PolicyFallbacks] = field(default_factory=list)
+    """Per agent: calls routed to the policy in the last hour's windows, and its fallbacks."""
+    max_fallback_rate: float = 0.1
+    """gateway.rollout.max_fallback_rate: a higher rate is a hint."""
 
     @property
     def total_lag(self) -> int:
@@ -95,6 +136,7 @@ class Status:
         data["members"] = [asdict(m) for m in self.members]
         data["lag"] = [asdict(t) for t in self.lag]
         data["hints"] = [asdict(h) for h in self.hints]
+        data["fallbacks"] = [{**asdict(f), "rate": f.rate} for f in self.fallbacks]
         data["total_lag"] = self.total_lag
         data["recent_dead_letters"] = [  # without payloads: a summary, not the records
             {k: v for k, v in d.model_dump(mode="python").items() if k != "payload"}
@@ -202,6 +244,19 @@ def hints(s: Status) -> list[Hint]:
                     f"({share.reason}); commits are held",
                     "check the policy's checkpoint; then `trajstream routing resume --agent "
                     f"{share.agent_name}`",
+                )
+            )
+    for f in s.fallbacks:
+        if f.rate is not None and f.rate > s.max_fallback_rate:
+            out.append(
+                Hint(
+                    "warning",
+                    f"{f.fallbacks + f.mixed} of {f.routed} calls of {f.agent} routed to the "
+                    f"policy in the last hour fell back to production ({f.rate:.0%}: "
+                    f"{f.fallbacks} whole, {f.mixed} mixed); they are not trained",
+                    "is the policy down, slow or reloading? the gateway's /healthz policy state "
+                    "and trajstream_gateway_policy_fallbacks_total say why; the rollout does not "
+                    "promote above gateway.rollout.max_fallback_rate",
                 )
             )
     for alert in s.alerts:

@@ -11,7 +11,9 @@ What is read, and from where (nothing is written, no consumer group is joined):
   since: open at a worker, or not read yet. Only record keys are read (every record is keyed
   by its call_id);
 - the last commits (``<p>.commits``), dead letters, late events and drift alerts of the last
-  hour (``<p>.dead-letters``, ``<p>.late-events``, ``<p>.alerts``).
+  hour (``<p>.dead-letters``, ``<p>.late-events``, ``<p>.alerts``);
+- the comparisons of the last hour (``<p>.comparisons``): the newest per agent and span, and
+  per agent the calls routed to the policy that fell back to production (whole or mixed).
 
 :func:`collect` does the reading (with :class:`~streams.observe.reader.TopicReader`, also what
 the status page reads with), :func:`~streams.observe.snapshot.hints` is the pure judgement of
@@ -37,11 +39,12 @@ from ..models import CommitRecord, Comparison, DeadLetter, DriftAlert, RoutingSh
 from ..settings import Settings
 from ..topics import Topics
 from .reader import TopicReader, input_topics
-from .snapshot import Hint, Member, Status, TopicLag, hints
+from .snapshot import Hint, Member, PolicyFallbacks, Status, TopicLag, fallbacks_of, hints
 
 __all__ = [
     "Hint",
     "Member",
+    "PolicyFallbacks",
     "Status",
     "TopicLag",
     "TopicReader",
@@ -143,7 +146,7 @@ async def collect(
         if r.exists(topics.comparisons)
         else []
     )
-    newest_cmp = {(c.agent_name, c.span): c for c in compared}
+    newest_cmp = {(c.agent_name, c.span): c for c in compared if c.span != "version"}
     shares = (
         r.decode(await r.tail(topics.routing, 200), RoutingShare)
         if r.exists(topics.routing)
@@ -180,6 +183,8 @@ async def collect(
         dead_letters_total=letters_total,
         comparisons=[newest_cmp[k] for k in sorted(newest_cmp)],
         routing=[newest_share[a] for a in sorted(newest_share)],
+        fallbacks=fallbacks_of(compared),
+        max_fallback_rate=settings.gateway.rollout.max_fallback_rate,
     )
     status.hints = hints(status)
     return status
@@ -291,6 +296,7 @@ def render(s: Status, console: Any) -> None:
             "agent",
             "span",
             "policy n / mean",
+            "fallbacks",
             "production n / mean",
             "difference",
             "verdict",
@@ -299,10 +305,14 @@ def render(s: Status, console: Any) -> None:
             cmp.add_column(col)
         for cm in s.comparisons:
             share = shares.get(cm.agent_name)
+            version = "" if cm.policy_version is None else f" (v{cm.policy_version})"
             cmp.add_row(
                 cm.agent_name,
                 cm.span if cm.span == "window" else f"{cm.windows} windows",
-                f"{cm.policy_count} / {_fmt(cm.policy_mean)}",
+                f"{cm.policy_count} / {_fmt(cm.policy_mean)}{version}",
+                "-"
+                if cm.fallback_rate is None
+                else f"{cm.policy_fallbacks + cm.policy_mixed} ({cm.fallback_rate:.0%})",
                 f"{cm.production_count} / {_fmt(cm.production_mean)}",
                 "-"
                 if cm.difference is None
@@ -311,6 +321,20 @@ def render(s: Status, console: Any) -> None:
                 "-" if share is None else f"{share.share:g} ({share.action})",
             )
         console.print(cmp)
+    if s.fallbacks:
+        falls = Table(title="calls routed to the policy (last hour)", title_justify="left")
+        for col in ("agent", "routed", "answered by the policy", "fell back", "mixed", "rate"):
+            falls.add_column(col)
+        for f in s.fallbacks:
+            falls.add_row(
+                f.agent,
+                str(f.routed),
+                str(f.answered),
+                str(f.fallbacks),
+                str(f.mixed),
+                "-" if f.rate is None else f"{f.rate:.0%}",
+            )
+        console.print(falls)
 
     if s.recent_dead_letters:
         letters = Table(title="dead letters (last hour, newest)", title_justify="left")

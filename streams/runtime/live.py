@@ -141,7 +141,10 @@ class Pipeline(Closing):
             mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
         )
         self.rewarder = rewarder or build_rewarder(
-            settings.reward.function, settings.reward.weights, settings.reward.step_discount
+            settings.reward.function,
+            settings.reward.weights,
+            settings.reward.step_discount,
+            train_mixed=settings.reward.train_mixed,
         )
         self.judge_spec = judge_of(settings, [self.rewarder])  # None: no judge reward
         self.judge_policy = policy_of(settings.reward.judge)

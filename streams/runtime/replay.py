@@ -139,9 +139,14 @@ async def run_replay(
         mark_ttl=timedelta(seconds=settings.selection.mark_ttl_s),
     )
     weights, gamma = settings.reward.weights, settings.reward.step_discount
-    rewarders = [build_rewarder(options.reward or settings.reward.function, weights, gamma)]
+    mixed = settings.reward.train_mixed
+    rewarders = [
+        build_rewarder(
+            options.reward or settings.reward.function, weights, gamma, train_mixed=mixed
+        )
+    ]
     if options.compare_reward:
-        rewarders.append(build_rewarder(options.compare_reward, weights, gamma))
+        rewarders.append(build_rewarder(options.compare_reward, weights, gamma, train_mixed=mixed))
     judge = judge_of(settings, rewarders)  # a judge reward without its settings fails here
     redactor = Redactor(options.redact_patterns, enabled=options.redact)  # files
     task_redactor = Redactor(options.redact_patterns, enabled=options.redact)  # Trinity task_id

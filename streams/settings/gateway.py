@@ -87,6 +87,13 @@ class RolloutSettings(Section):
         ge=0.0,
         description="a change applies to calls starting this long after it is decided",
     )
+    max_fallback_rate: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="no promotion while more of the calls routed to the policy than this "
+        "fell back to production (in whole or in part) in the window that would promote it",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> RolloutSettings:

@@ -222,6 +222,12 @@ class RewardSettings(Section):
         description="gamma: step i of n gets reward * gamma ** (n - 1 - i) (off: every step "
         "gets the trajectory's reward, unless the function returns step_rewards)",
     )
+    train_mixed: bool = Field(
+        default=False,
+        description="send the reward of a mixed call (routed to the policy, answered in part by "
+        "production) for the steps Trinity answered in full; off: such calls are scored and "
+        "counted, never sent to /feedback (their later steps answer another model)",
+    )
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
 

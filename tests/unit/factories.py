@@ -186,6 +186,7 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
         ],
         closed_reason="ended",
         upstream="trinity",
+        policy_version=7,
     )
     records: dict[type[AvroModel], AvroModel] = {
         ToolCall: ToolCall(id="call_1", name="search", arguments='{"q": "paris"}'),
@@ -209,6 +210,7 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
                 ToolCall(id="call_2", name="fetch", arguments="{}"),
             ],
             upstream="trinity",
+            policy_version=7,
         ),
         UserFeedback: feedback(
             response_id="chatcmpl-call-1-0",
@@ -228,7 +230,8 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             labels=["gold"],
             metadata={"k": "v"},
             run_id=2,
-            upstream="production",
+            upstream="mixed",
+            policy_version=7,
         ),
         FeedbackAck: FeedbackAck(rewarded=rewarded(), acked_at=at(5), attempts=3),
         Tick: Tick(at=at(7.123), source="worker-1", final=True),
@@ -245,7 +248,8 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
             success_rate=2 / 3,
             late=1,
             emitted_at=at(75),
-            upstream="production",
+            upstream="trinity",
+            policy_version=7,
         ),
         CommitRecord: CommitRecord(
             commit_seq=7,
@@ -322,6 +326,7 @@ def sample_records() -> dict[type[AvroModel], AvroModel]:
                     max=1.0,
                     successes=1,
                     upstream="trinity",
+                    policy_version=7,
                 ),
                 WindowAccumulator(agent_name="-", model="-", window_start=at(60)),
             ],
@@ -463,7 +468,9 @@ def comparison(**kw: Any) -> Comparison:
 
 def _rollout_records() -> dict[type[AvroModel], AvroModel]:
     """Samples of the comparison and rollout records."""
-    evidence = comparison()
+    evidence = comparison(
+        policy_version=7, policy_fallbacks=2, policy_mixed=1, fallback_rate=3 / 43
+    )
     return {
         Comparison: evidence,
         RoutingShare: RoutingShare(
@@ -477,6 +484,7 @@ def _rollout_records() -> dict[type[AvroModel], AvroModel]:
             reason="better with confidence for 2 windows",
             evidence=[evidence, comparison(span="trailing", windows=3)],
             requested_by="",
+            policy_version=7,
         ),
         RoutingOverride: RoutingOverride(
             agent_name="researcher",

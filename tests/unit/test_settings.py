@@ -54,6 +54,8 @@ def get(settings: Settings, dotted: str) -> Any:
         ("commit.interval_s", 300.0),
         ("commit.min_batch", 1),
         ("commit.commit_empty", False),
+        ("reward.train_mixed", False),
+        ("gateway.rollout.max_fallback_rate", 0.1),
         ("config", None),
         ("bootstrap_servers", None),
     ],
@@ -310,6 +312,12 @@ def test_config_file_of_another_format_in_the_environment_is_a_config_error(
         ("TRAJSTREAM_APP_ID", "has space", "app_id"),
         ("TRAJSTREAM_TRINITY__URL", "ftp://trinity", "trinity.url"),
         ("TRAJSTREAM_KAFKA__TOPIC_PREFIX", "a/b", "kafka.topic_prefix"),
+        (
+            "TRAJSTREAM_GATEWAY__ROLLOUT__MAX_FALLBACK_RATE",
+            "1.5",
+            "gateway.rollout.max_fallback_rate",
+        ),
+        ("TRAJSTREAM_REWARD__TRAIN_MIXED", "maybe", "reward.train_mixed"),
     ],
 )
 def test_config_error_names_the_setting_and_the_variable(

@@ -1,5 +1,6 @@
 """Unit tests of streams.core.compare against published values: Student t quantiles (printed
-tables, 9-10 digits), R's Welch t.test on its ``sleep`` data, and the pooling of windows."""
+tables, 9-10 digits), R's Welch t.test on its ``sleep`` data, and the pooling of windows; the
+policy's fallbacks counted beside the means, and the comparisons per policy version."""
 
 from __future__ import annotations
 
@@ -109,7 +110,11 @@ def test_the_verdict(policy: list[float], production: list[float], verdict: str)
 
 
 def summary(
-    start: float, upstream: str | None, values: list[float], model: str = "m"
+    start: float,
+    upstream: str | None,
+    values: list[float],
+    model: str = "m",
+    version: int | None = None,
 ) -> WindowSummary:
     return WindowSummary(
         window_start=at(start),
@@ -124,6 +129,7 @@ def summary(
         success_rate=1.0,
         emitted_at=at(start + 70),
         upstream=upstream,
+        policy_version=version,
     )
 
 
@@ -169,3 +175,89 @@ def test_an_agent_with_one_arm_only_is_insufficient() -> None:
     )
     assert window.verdict == "insufficient" and window.policy_count == 0
     assert window.policy_mean is None and window.difference is None
+
+
+HIGH = [0.9, 0.8, 1.0, 0.7, 0.9]
+LOW = [0.2, 0.1, 0.3, 0.2, 0.0]
+MID = [0.5, 0.4, 0.6, 0.5, 0.5]
+
+
+def test_fallbacks_are_counted_beside_the_means_and_not_in_them() -> None:
+    state = LedgerState()
+    window, trailing = compare_windows(
+        state,
+        [
+            summary(0, "trinity", HIGH),
+            summary(0, "production", LOW),
+            summary(0, "trinity-fallback", [0.0, 0.0]),  # production's answers: not the policy's
+            summary(0, "mixed", [0.1]),
+        ],
+        at(70),
+        CFG,
+    )
+    assert (window.policy_count, window.policy_mean) == (5, pytest.approx(statistics.fmean(HIGH)))
+    assert (window.policy_fallbacks, window.policy_mixed) == (2, 1)
+    assert window.fallback_rate == pytest.approx(3 / 8)
+    assert window.verdict == "better"
+    *_, trailing = compare_windows(
+        state,
+        [summary(60, "trinity", HIGH), summary(60, "production", LOW)],
+        at(130),
+        CFG,
+    )
+    assert (trailing.windows, trailing.policy_count, trailing.policy_fallbacks) == (2, 10, 2)
+    assert trailing.fallback_rate == pytest.approx(3 / 13)
+
+
+def test_a_window_the_policy_never_answered_is_all_fallbacks() -> None:
+    window, _ = compare_windows(
+        LedgerState(),
+        [summary(0, "production", LOW), summary(0, "trinity-fallback", [0.5] * 4)],
+        at(70),
+        CFG,
+    )
+    assert (window.verdict, window.policy_count, window.policy_fallbacks) == ("insufficient", 0, 4)
+    assert window.fallback_rate == 1.0
+
+
+def test_a_window_one_version_answered_names_it() -> None:
+    out = compare_windows(
+        LedgerState(),
+        [summary(0, "trinity", HIGH, version=3), summary(0, "production", LOW)],
+        at(70),
+        CFG,
+    )
+    assert [(c.span, c.policy_version) for c in out] == [("window", 3), ("trailing", None)]
+
+
+@pytest.mark.parametrize(
+    ("versions", "spans"),
+    [
+        ({3: HIGH, 4: LOW}, [("window", None), ("version", 3), ("version", 4)]),
+        # calls whose version was not known are pooled in the window, never compared alone
+        ({None: HIGH, 4: LOW}, [("window", None), ("version", 4)]),
+        ({None: HIGH}, [("window", None)]),
+    ],
+)
+def test_a_window_several_versions_answered_is_compared_per_version(
+    versions: dict[int | None, list[float]], spans: list[tuple[str, int | None]]
+) -> None:
+    windows = [summary(0, "trinity", v, version=k) for k, v in versions.items()]
+    out = compare_windows(
+        LedgerState(),
+        [*windows, summary(0, "production", MID), summary(0, "trinity-fallback", [0.0])],
+        at(70),
+        CFG,
+    )
+    assert [(c.span, c.policy_version) for c in out[:-1]] == spans
+    pooled = out[0]
+    assert pooled.policy_count == sum(len(v) for v in versions.values())
+    for c in out[1:-1]:  # each version against the same production calls
+        mine = versions[c.policy_version]
+        direct = welch(Arm.of(mine), Arm.of(MID), 0.95)
+        assert direct is not None and c.lower == pytest.approx(direct.lower)
+        assert (c.policy_count, c.production_count) == (len(mine), len(MID))
+        # the window's fallbacks, whatever the version (production answered them)
+        assert (c.policy_fallbacks, c.fallback_rate) == (1, pooled.fallback_rate)
+    verdicts = {c.policy_version: c.verdict for c in out if c.span == "version"}
+    assert verdicts == {v: "better" if v == 3 else "worse" for v in versions if v is not None}

@@ -23,8 +23,10 @@ from streams.core.ledger import (
     LedgerConfig,
     apply_ack,
     commit_done,
+    drift_alerts,
     due_commit,
     due_windows,
+    pool_versions,
 )
 from streams.models import FeedbackAck, LedgerState, WindowSummary
 from tests.unit.factories import T0, ack, at
@@ -471,3 +473,74 @@ def test_feedback_requests_are_counted_once_per_trajectory() -> None:
     record = commit_done(state, plan, "{}")
     assert (record.feedback_count, record.feedback_requests) == (2, 4)
     assert state.batch_requests == 0
+
+
+# -- the policy's windows per version -----------------------------------------------------------
+
+
+def policy_ack(version: int | None, reward: float, event: float, upstream: str = "trinity") -> Any:
+    return ack(
+        f"t{next(_ids)}",
+        reward,
+        event_time=at(event),
+        agent_name="a",
+        model="m",
+        upstream=upstream,
+        policy_version=version,
+    )
+
+
+def test_the_policys_windows_are_kept_per_version_and_lateness_per_key() -> None:
+    state = with_acks(
+        (0, policy_ack(3, 1.0, 10)),
+        (0, policy_ack(4, 0.0, 20)),
+        (0, policy_ack(4, 0.5, 30)),
+        (0, policy_ack(None, 0.2, 40)),
+        # the version of another upstream's call (a mixed one) does not split its window
+        (0, policy_ack(4, 0.3, 40, upstream="mixed")),
+        (0, policy_ack(3, 0.3, 40, upstream="mixed")),
+    )
+    got = {(s.upstream, s.policy_version): s.count for s in summaries_at(state, 1000)}
+    assert got == {("trinity", None): 1, ("trinity", 3): 1, ("trinity", 4): 2, ("mixed", None): 2}
+    # one lateness mark per agent|model|upstream, however many versions closed
+    assert state.closed_until == {"a|m|trinity": 60_000 + T0_MS, "a|m|mixed": 60_000 + T0_MS}
+    assert apply_ack(state, policy_ack(5, 1.0, 50), at(1001), CFG)
+    assert state.late == {"a|m|trinity": 1} and state.windows == []
+
+
+T0_MS = int(T0.timestamp() * 1000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rewards=st.lists(
+        st.tuples(st.sampled_from([None, 1, 2, 3]), st.floats(-10, 10, allow_nan=False)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_pooling_the_versions_of_a_window_is_the_window_they_split(
+    rewards: list[tuple[int | None, float]],
+) -> None:
+    split, whole = LedgerState(), LedgerState()
+    for i, (version, reward) in enumerate(rewards):
+        apply_ack(split, policy_ack(version, reward, i % 60), at(1), CFG)
+        apply_ack(whole, policy_ack(None, reward, i % 60), at(1), CFG)
+    [pooled] = pool_versions(summaries_at(split, 10_000))
+    [direct] = summaries_at(whole, 10_000)
+    assert pooled.count == direct.count
+    for name in ("mean", "stddev", "min", "max", "success_rate"):
+        assert getattr(pooled, name) == pytest.approx(getattr(direct, name), abs=1e-6), name
+    versions = {v for v, _ in rewards}
+    assert pooled.policy_version == (versions.pop() if len(versions) == 1 else None)
+
+
+def test_drift_reads_a_window_with_every_version_pooled() -> None:
+    state = with_acks(
+        (0, policy_ack(3, 1.0, 10)), (0, policy_ack(4, 0.0, 20)), (0, policy_ack(4, 0.5, 30))
+    )
+    state.trailing = {"a|m|trinity": [0.9, 0.9]}
+    alerts = drift_alerts(state, summaries_at(state, 1000), at(1000), CFG)
+    (alert,) = alerts  # one alert for the window, on its pooled mean (0.5 < 0.8 x 0.9)
+    assert alert.mean == pytest.approx(0.5)
+    assert state.trailing["a|m|trinity"] == [0.9, 0.9, pytest.approx(0.5)]

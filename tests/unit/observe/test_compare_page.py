@@ -83,3 +83,47 @@ def test_a_window_or_a_routing_change_written_twice_is_shown_once() -> None:
     means = re.findall(r'data-arm="policy" data-window-start="[^"]+" data-mean="([^"]+)"', page)
     assert means == ["0.65"]
     assert page.count('data-action="promote"') == 1
+
+
+def test_the_fallbacks_and_the_comparisons_per_version() -> None:
+    rows = [
+        comparison(window_start=at(0), policy_version=3, policy_fallbacks=4, policy_mixed=1),
+        comparison(window_start=at(60), policy_version=None, policy_count=30),
+        comparison(window_start=at(60), span="version", policy_version=3, policy_count=10),
+        comparison(
+            window_start=at(60),
+            span="version",
+            policy_version=4,
+            policy_count=20,
+            verdict="worse",
+            difference=-0.2,
+            lower=-0.3,
+            upper=-0.1,
+        ),
+    ]
+    rollback = RoutingShare(
+        agent_name="researcher",
+        share=0.0,
+        previous_share=0.1,
+        version=2,
+        effective_at=at(130),
+        decided_at=at(125),
+        action="rollback",
+        reason="worse (policy version 4)",
+        policy_version=4,
+    )
+    page = compare_html(rows, [rollback])
+    # the chart: the windows only, each naming its one version (none for several)
+    assert re.findall(r'class="diff"[^>]*data-policy-version="(\d*)"', page) == ["3", ""]
+    falls = re.search(r'class="fallbacks"[^>]*data-routed="(\d+)" data-fallbacks="(\d+)" '
+                      r'data-mixed="(\d+)"', page)  # fmt: skip
+    assert falls and falls.groups() == ("75", "4", "1")  # 40 + 30 answered, 5 fell back
+    versions = re.findall(r'<tr class="version" data-policy-version="(\d+)" '
+                          r'data-window-start="([^"]+)" data-verdict="(\w+)"', page)  # fmt: skip
+    assert versions == [
+        ("4", at(60).isoformat(), "worse"),
+        ("3", at(60).isoformat(), "better"),
+        ("3", at(0).isoformat(), "better"),
+    ]
+    assert 'data-action="rollback" data-share="0" data-policy-version="4"' in page
+    assert "(policy v4)" in page

@@ -215,3 +215,35 @@ def test_the_stall_reason_is_what_health_and_the_exit_on_stall_say():
     reason = str(metrics.stall_reason())
     assert "p.agent-events[0]: 33 records waiting at offset 7" in reason
     assert "observe.consumption_stall_s" in reason
+
+
+def test_the_policys_fallbacks_and_version_are_exposed():
+    from tests.unit.factories import comparison
+
+    m = Metrics(worker="w", app_id="a", clock=lambda: 100.0)
+    window = comparison(
+        agent_name="support", policy_version=7, policy_fallbacks=3, policy_mixed=1,
+        fallback_rate=0.1,
+    )  # fmt: skip
+    m.comparison(window)
+    # one version's comparison of a window several answered sets the version only
+    m.comparison(
+        window.model_copy(update={"span": "version", "policy_version": 8, "policy_mean": 0.1})
+    )
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(m.exposition().decode())
+        for s in f.samples
+        if s.name.startswith("trajstream_compare")
+    }
+    span = (("agent", "support"), ("span", "window"))
+    assert got[("trajstream_compare_fallback_rate", span)] == 0.1
+    calls = "trajstream_compare_calls"
+    assert got[(calls, (("agent", "support"), ("arm", "fallback"), ("span", "window")))] == 3
+    assert got[(calls, (("agent", "support"), ("arm", "mixed"), ("span", "window")))] == 1
+    assert (
+        got[("trajstream_compare_mean", (("agent", "support"), ("arm", "policy"), *span[1:]))]
+        == 0.7
+    )
+    assert got[("trajstream_compare_policy_version", (("agent", "support"),))] == 8
+    assert not any(labels and ("span", "version") in labels for _, labels in got)

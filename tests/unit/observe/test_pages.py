@@ -120,3 +120,13 @@ def test_call_page_for_a_rejected_call():
     assert "rejected" in page
     page = call_html("zz", None, None, None)
     assert 'id="no-decision"' in page
+
+
+def test_the_versions_of_a_policy_window_are_one_point():
+    split = [
+        window("a", 0, 0.2).model_copy(update={"upstream": "trinity", "policy_version": 3}),
+        window("a", 0, 0.8).model_copy(update={"upstream": "trinity", "policy_version": 4}),
+    ]
+    root = ElementTree.fromstring(trend_svg(split))
+    (circle,) = root.findall("{http://www.w3.org/2000/svg}circle")
+    assert float(circle.get("data-mean") or 0) == 0.5  # 3 calls at 0.2, 3 at 0.8

@@ -254,3 +254,51 @@ def test_the_comparison_and_a_rollback_show_on_the_screen_and_as_a_hint():
     (hint,) = [h for h in hints(s) if "rolled back" in h.what]
     assert "trajstream routing resume --agent researcher" in hint.do
     assert s.to_json()["routing"][0]["action"] == "rollback"
+
+
+def test_fallbacks_per_agent_from_the_window_comparisons():
+    from streams.observe.snapshot import fallbacks_of
+    from tests.unit.factories import comparison
+
+    def window(agent: str, start: float, answered: int, falls: int, mixed: int, emitted: float):
+        return comparison(
+            agent_name=agent,
+            window_start=at(start),
+            policy_count=answered,
+            policy_fallbacks=falls,
+            policy_mixed=mixed,
+            emitted_at=at(emitted),
+        )
+
+    got = fallbacks_of(
+        [
+            window("a", 0, 40, 5, 1, 70),
+            window("a", 0, 40, 6, 1, 80),  # the same window emitted again: the last counts
+            window("a", 60, 50, 0, 3, 130),
+            window("b", 0, 0, 0, 0, 70),  # nothing routed to the policy: not listed
+            comparison(agent_name="a", span="trailing", policy_fallbacks=99),
+            comparison(agent_name="a", span="version", policy_fallbacks=99, policy_version=2),
+        ]
+    )
+    assert [(f.agent, f.routed, f.answered, f.fallbacks, f.mixed) for f in got] == [
+        ("a", 100, 90, 6, 4)
+    ]
+    assert got[0].rate == 0.1
+
+
+@pytest.mark.parametrize(("rate", "hinted"), [(0.1, False), (0.25, True)])
+def test_a_policy_that_falls_back_often_is_a_hint_and_on_the_screen(rate: float, hinted: bool):
+    from streams.observe.snapshot import PolicyFallbacks
+
+    falls = int(rate * 100)
+    s = snapshot(fallbacks=[PolicyFallbacks("support", 100, 100 - falls, falls - 2, 2)])
+    found = [h for h in hints(s) if "fell back to production" in h.what]
+    assert bool(found) is hinted
+    if hinted:
+        assert "25 of 100 calls of support" in found[0].what
+        assert "gateway.rollout.max_fallback_rate" in found[0].do
+    buffer = io.StringIO()
+    render(s, Console(file=buffer, width=200))
+    screen = buffer.getvalue()
+    assert "calls routed to the policy (last hour)" in screen and f"{rate:.0%}" in screen
+    assert s.to_json()["fallbacks"][0]["rate"] == rate
