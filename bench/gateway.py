@@ -29,6 +29,18 @@ topic). Figures are from this machine in this run. Targets (issue 19): added p50
 p99 <= 5 ms at 500 requests/s, p99 <= 10 ms at 1,000; >= 2,000 requests/s recorded per process
 with nothing spilled while the broker is healthy; RSS flat (< 2%) over a 30-minute soak.
 
+4. fallback    the policy failing, open loop at --fallback-rate (200 req/s), every call routed to
+               the policy (sampling:1) through its own gateway process, the paths interleaved
+               over --rounds: Trinity's port closed (each request falls back on the refused
+               connection; the breaker held shut), Trinity answering 503 (likewise), the breaker
+               open (no request to Trinity at all), and the same calls routed to production
+               (sampling:0): p50/p99 of each, and what each adds to production's
+5. paired      with --baseline DIR (a checkout of another version of this repository, e.g. the
+               code before a change: ``git archive <commit> | tar -x -C DIR``): its gateway and
+               this one, same settings, at the first --rates, in --rounds rounds (the order
+               alternating), each beside the direct path of the same round: the added p50/p99
+               before and after, and their paired difference per round
+
 Also: ``--durability acked`` (the cost of answering only once the broker acknowledged),
 ``--rates`` (the open-loop phases), and the gateway's own overhead histogram
 (``trajstream_gateway_overhead_seconds`` on its /metrics: the time apart from the upstream's, by
@@ -44,6 +56,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -244,6 +257,147 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
+BREAKER_HELD_SHUT = {  # the breaker never opens: every request tries the policy first
+    "TRAJSTREAM_GATEWAY__BREAKER__FAILURES": "1000000000",
+    "TRAJSTREAM_GATEWAY__BREAKER__MIN_REQUESTS": "1000000000",
+}
+
+
+def start_gateway(
+    env: dict[str, str], tmp: Path, name: str, upstream: str, cwd: Path = REPO
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``trajstream gateway`` process of the code in ``cwd``, its production ``upstream``."""
+    port = free_port()
+    proc = spawn(
+        [sys.executable, "-m", "streams.cli", "gateway", "--port", str(port),
+         "--production-url", f"{upstream}/v1"],
+        cwd=cwd,
+        env={**env, "TRAJSTREAM_GATEWAY__SPILL_DIR": str(tmp / f"spill-{name}")},
+        stdout=(tmp / f"gateway-{name}.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def summary(latencies: list[float]) -> dict[str, Any]:
+    return {"p50": pct(latencies, 50), "p99": pct(latencies, 99), "n": len(latencies)}
+
+
+async def fallback_phase(
+    args: argparse.Namespace, env: dict[str, str], tmp: Path, upstream: str, procs: list[Any]
+) -> dict[str, Any]:
+    """The policy failing (see the module docstring, 4.): p50/p99 per path, pooled over the
+    rounds, and what each adds to the production route's."""
+    failing_port = free_port()
+    procs.append(
+        spawn(
+            [sys.executable, "-m", "streams.cli", "standin", "--port", str(failing_port)],
+            cwd=REPO, env=env, stdout=(tmp / "standin-503.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    )
+    failing = f"http://127.0.0.1:{failing_port}"
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    routed = {**env, "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1"}
+    paths = {
+        "production": {**env, "TRAJSTREAM_SELECTION__STRATEGY": "sampling:0"},
+        "refused": {**routed, "TRAJSTREAM_TRINITY__URL": closed, **BREAKER_HELD_SHUT},
+        "status_503": {**routed, "TRAJSTREAM_TRINITY__URL": failing, **BREAKER_HELD_SHUT},
+        "breaker_open": {
+            **routed,
+            "TRAJSTREAM_TRINITY__URL": closed,
+            "TRAJSTREAM_GATEWAY__BREAKER__FAILURES": "1",
+            "TRAJSTREAM_GATEWAY__BREAKER__COOLDOWN_S": "86400",
+            "TRAJSTREAM_GATEWAY__BREAKER__MAX_COOLDOWN_S": "86400",
+        },
+    }
+    urls = {}
+    for name, path_env in paths.items():
+        proc, url = start_gateway(path_env, tmp, name, upstream)
+        procs.append(proc)
+        urls[name] = url
+    await wait_http(f"{failing}/health")
+    async with aiohttp.ClientSession() as http:
+        fault = {"mode": "error", "status": 503}
+        async with http.post(f"{failing}/_standin/chat-fault", json=fault) as r:
+            assert r.status == 200, await r.text()
+    for url in urls.values():
+        await wait_http(f"{url}/healthz")
+    rate, pooled = args.fallback_rate, {name: [] for name in urls}
+    rounds = []
+    for n in range(args.rounds):
+        row = {}
+        for name in urls if n % 2 == 0 else reversed(urls):
+            got = await at_rate(
+                f"{urls[name]}/calls/{{}}/v1/chat/completions", rate, args.seconds,
+                warmup=args.warmup,
+            )  # fmt: skip
+            pooled[name] += got
+            row[name] = summary(got)
+        rounds.append(row)
+    health = {name: (await health_of(url))["policy"] for name, url in urls.items()}
+    out: dict[str, Any] = {"rate_rps": rate, "rounds": rounds}
+    base = summary(pooled["production"])
+    for name, got in pooled.items():
+        mine = summary(got)
+        out[name] = {
+            **mine,
+            "added_p50": mine["p50"] - base["p50"],
+            "added_p99": mine["p99"] - base["p99"],
+            "breaker": health[name]["state"],
+            "fallbacks": health[name]["fallbacks"],
+            "failed": FAILED.get(f"{urls[name]}/calls/{{}}/v1/chat/completions", 0),
+        }
+    return out
+
+
+async def paired_phase(
+    args: argparse.Namespace, env: dict[str, str], tmp: Path, upstream: str, gateway: str,
+    procs: list[Any],
+) -> dict[str, Any]:
+    """This gateway against --baseline's at the same rate (see the module docstring, 5.)."""
+    baseline_dir = args.baseline.resolve()
+    proc, baseline = start_gateway(
+        {**env, "PYTHONPATH": str(baseline_dir)}, tmp, "baseline", upstream, cwd=baseline_dir
+    )
+    procs.append(proc)
+    await wait_http(f"{baseline}/healthz")
+    rate = args.rates[0]
+    direct_url = f"{upstream}/v1/chat/completions?call={{}}"
+    urls = {
+        "after": f"{gateway}/calls/{{}}/v1/chat/completions",
+        "before": f"{baseline}/calls/{{}}/v1/chat/completions",
+    }
+    rounds = []
+    for n in range(args.rounds):
+        direct = summary(await at_rate(direct_url, rate, args.seconds, warmup=args.warmup))
+        row: dict[str, Any] = {"direct": direct}
+        for name in ("after", "before") if n % 2 == 0 else ("before", "after"):
+            got = summary(await at_rate(urls[name], rate, args.seconds, warmup=args.warmup))
+            row[name] = got
+            row[f"{name}_added_p50"] = got["p50"] - direct["p50"]
+            row[f"{name}_added_p99"] = got["p99"] - direct["p99"]
+        row["paired_p50"] = row["after_added_p50"] - row["before_added_p50"]
+        row["paired_p99"] = row["after_added_p99"] - row["before_added_p99"]
+        rounds.append(row)
+
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    return {
+        "rate_rps": rate,
+        "baseline": str(args.baseline),
+        "rounds": rounds,
+        "median": {
+            key: median(key)
+            for key in (
+                "before_added_p50", "before_added_p99", "after_added_p50", "after_added_p99",
+                "paired_p50", "paired_p99",
+            )  # fmt: skip
+        },
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="trajstream-gw-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
@@ -330,6 +484,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         gw_max = direct_max = floor_max = None
         recorded: dict[str, Any] = {}
         by_rate: list[dict[str, Any]] = []
+        paired = fallback = None
+        if args.baseline is not None:
+            paired = await paired_phase(args, env, tmp, upstream, gateway, procs)
+        if not args.soak_only and not args.no_fallback:
+            fallback = await fallback_phase(args, env, tmp, upstream, procs)
         if not args.soak_only:
             await max_rate(gateway_url, min(2.0, args.seconds), args.concurrency)  # warm up
             before = (await health_of(gateway))["publisher"]
@@ -422,6 +581,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "recorded": recorded,
             "latency_ms": by_rate[0] if by_rate else None,
             "latency_by_rate": by_rate,
+            "fallback_ms": fallback,
+            "paired_ms": paired,
             "rss_kib": {
                 "soak_s": args.soak,
                 "first": samples[0][1] if samples else None,
@@ -486,6 +647,37 @@ def report(result: dict[str, Any]) -> None:
             f"{lat['floor']['p99']:.2f} ms | added by any Python proxy here p50 "
             f"{lat['floor_added_p50']:.2f} ms p99 {lat['floor_added_p99']:.2f} ms"
         )
+    fb = result.get("fallback_ms")
+    if fb:
+        print(
+            f"fallback @ {fb['rate_rps']:.0f} req/s, every call routed to the policy, "
+            f"{len(fb['rounds'])} round(s) pooled:"
+        )
+        for name in ("production", "refused", "status_503", "breaker_open"):
+            x = fb[name]
+            print(
+                f"    {name:13} p50 {x['p50']:7.2f} ms p99 {x['p99']:7.2f} ms (n {x['n']}) | "
+                f"added to production's p50 {x['added_p50']:6.2f} ms p99 {x['added_p99']:6.2f} "
+                f"ms | breaker {x['breaker']}, fallbacks {x['fallbacks']}"
+            )
+    pr = result.get("paired_ms")
+    if pr:
+        m = pr["median"]
+        print(
+            f"paired @ {pr['rate_rps']:.0f} req/s, this gateway against {pr['baseline']} "
+            f"(median of {len(pr['rounds'])} rounds): added p50 before {m['before_added_p50']:.2f}"
+            f" ms, after {m['after_added_p50']:.2f} ms; added p99 before "
+            f"{m['before_added_p99']:.2f} ms, after {m['after_added_p99']:.2f} ms; paired "
+            f"difference (after - before) p50 {m['paired_p50']:+.2f} ms, p99 "
+            f"{m['paired_p99']:+.2f} ms"
+        )
+        for n, r in enumerate(pr["rounds"]):
+            print(
+                f"    round {n}: direct p50 {r['direct']['p50']:.2f} p99 {r['direct']['p99']:.2f}"
+                f" | added before p50 {r['before_added_p50']:.2f} p99 "
+                f"{r['before_added_p99']:.2f} | after p50 {r['after_added_p50']:.2f} p99 "
+                f"{r['after_added_p99']:.2f} ms"
+            )
     print(
         f"gateway RSS over {rss['soak_s']:g} s: first {rss['first']} KiB, after 1/10 "
         f"{rss['after_first_tenth']} KiB, max {rss['max']} KiB, last {rss['last']} KiB "
@@ -527,6 +719,29 @@ if __name__ == "__main__":
         help="gateway.recorder: records built and sent by a child process (the default), or on "
         "the serving loop",
     )
+    parser.add_argument(
+        "--fallback-rate",
+        type=float,
+        default=200.0,
+        help="the open-loop rate of the fallback phase (requests/s)",
+    )
+    parser.add_argument(
+        "--no-fallback", action="store_true", help="leave out the fallback phase"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of the fallback and paired phases, the paths interleaved (default 3; "
+        "--quick: 1)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a checkout of another version of this repository: its gateway measured against "
+        "this one's at the first --rates, paired round by round",
+    )
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument(
         "--py-spy",
@@ -545,6 +760,8 @@ if __name__ == "__main__":
         args.warmup = 0.5 if args.quick else 2.0
     if args.rates is None:
         args.rates = [200.0] if args.quick else [500.0, 1000.0]
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     result = asyncio.run(main(args))
     report(result)
     args.out.mkdir(parents=True, exist_ok=True)
