@@ -292,9 +292,11 @@ async def fallback_phase(
     procs.append(
         spawn(
             [sys.executable, "-m", "streams.cli", "standin", "--port", str(failing_port)],
-            cwd=REPO, env=env, stdout=(tmp / "standin-503.log").open("wb"),
+            cwd=REPO,
+            env=env,
+            stdout=(tmp / "standin-503.log").open("wb"),
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
     )
     failing = f"http://127.0.0.1:{failing_port}"
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -328,10 +330,8 @@ async def fallback_phase(
     for n in range(args.rounds):
         row = {}
         for name in urls if n % 2 == 0 else reversed(urls):
-            got = await at_rate(
-                f"{urls[name]}/calls/{{}}/v1/chat/completions", rate, args.seconds,
-                warmup=args.warmup,
-            )  # fmt: skip
+            url = f"{urls[name]}/calls/{{}}/v1/chat/completions"
+            got = await at_rate(url, rate, args.seconds, warmup=args.warmup)
             pooled[name] += got
             row[name] = summary(got)
         rounds.append(row)
