@@ -351,6 +351,16 @@ async def fallback_phase(
     return out
 
 
+PAIRED_KEYS = (
+    "before_added_p50",
+    "before_added_p99",
+    "after_added_p50",
+    "after_added_p99",
+    "paired_p50",
+    "paired_p99",
+)
+
+
 async def paired_phase(
     args: argparse.Namespace, env: dict[str, str], tmp: Path, upstream: str, gateway: str,
     procs: list[Any],
@@ -388,13 +398,7 @@ async def paired_phase(
         "rate_rps": rate,
         "baseline": str(args.baseline),
         "rounds": rounds,
-        "median": {
-            key: median(key)
-            for key in (
-                "before_added_p50", "before_added_p99", "after_added_p50", "after_added_p99",
-                "paired_p50", "paired_p99",
-            )  # fmt: skip
-        },
+        "median": {key: median(key) for key in PAIRED_KEYS},
     }
 
 
