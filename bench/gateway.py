@@ -358,11 +358,19 @@ PAIRED_KEYS = (
     "after_added_p99",
     "paired_p50",
     "paired_p99",
+    "before_cpu_ms",
+    "after_cpu_ms",
+    "paired_cpu_ms",
 )
 
 
 async def paired_phase(
-    args: argparse.Namespace, env: dict[str, str], tmp: Path, upstream: str, gateway: str,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    tmp: Path,
+    upstream: str,
+    gateway: str,
+    gateway_pid: int,
     procs: list[Any],
 ) -> dict[str, Any]:
     """This gateway against --baseline's at the same rate (see the module docstring, 5.)."""
@@ -374,21 +382,25 @@ async def paired_phase(
     await wait_http(f"{baseline}/healthz")
     rate = args.rates[0]
     direct_url = f"{upstream}/v1/chat/completions?call={{}}"
-    urls = {
-        "after": f"{gateway}/calls/{{}}/v1/chat/completions",
-        "before": f"{baseline}/calls/{{}}/v1/chat/completions",
-    }
+    bases = {"after": gateway, "before": baseline}
+    pids = {"after": gateway_pid, "before": proc.pid}
     rounds = []
     for n in range(args.rounds):
         direct = summary(await at_rate(direct_url, rate, args.seconds, warmup=args.warmup))
         row: dict[str, Any] = {"direct": direct}
         for name in ("after", "before") if n % 2 == 0 else ("before", "after"):
-            got = summary(await at_rate(urls[name], rate, args.seconds, warmup=args.warmup))
+            url = f"{bases[name]}/calls/{{}}/v1/chat/completions"
+            served, cpu = (await health_of(bases[name]))["requests"], cpu_s(pids[name])
+            got = summary(await at_rate(url, rate, args.seconds, warmup=args.warmup))
+            served = (await health_of(bases[name]))["requests"] - served
             row[name] = got
             row[f"{name}_added_p50"] = got["p50"] - direct["p50"]
             row[f"{name}_added_p99"] = got["p99"] - direct["p99"]
+            # the serving process's CPU per request (its recorder's apart): the work it adds
+            row[f"{name}_cpu_ms"] = (cpu_s(pids[name])[0] - cpu[0]) * 1000 / max(1, served)
         row["paired_p50"] = row["after_added_p50"] - row["before_added_p50"]
         row["paired_p99"] = row["after_added_p99"] - row["before_added_p99"]
+        row["paired_cpu_ms"] = row["after_cpu_ms"] - row["before_cpu_ms"]
         rounds.append(row)
 
     def median(key: str) -> float:
@@ -405,6 +417,7 @@ async def paired_phase(
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="trajstream-gw-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
+    profiled: list[subprocess.Popen[bytes]] = []  # the gateway under py-spy
     broker = None
     bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     try:
@@ -477,6 +490,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             stderr=subprocess.STDOUT,
         )
         procs.append(gw)
+        profiled.append(gw)
         gateway = f"http://127.0.0.1:{gateway_port}"
         await wait_http(f"{upstream}/health")
         await wait_http(f"{gateway}/healthz")
@@ -490,7 +504,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         by_rate: list[dict[str, Any]] = []
         paired = fallback = None
         if args.baseline is not None:
-            paired = await paired_phase(args, env, tmp, upstream, gateway, procs)
+            paired = await paired_phase(args, env, tmp, upstream, gateway, gw.pid, procs)
         if not args.soak_only and not args.no_fallback:
             fallback = await fallback_phase(args, env, tmp, upstream, procs)
         if not args.soak_only:
@@ -603,7 +617,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for p in procs:
             # py-spy writes its profile on SIGINT (and stops the gateway under it)
-            p.send_signal(signal.SIGINT) if args.py_spy and p is procs[-1] else p.terminate()
+            p.send_signal(signal.SIGINT) if args.py_spy and p in profiled else p.terminate()
         for p in procs:
             try:
                 p.wait(20)
@@ -673,7 +687,8 @@ def report(result: dict[str, Any]) -> None:
             f" ms, after {m['after_added_p50']:.2f} ms; added p99 before "
             f"{m['before_added_p99']:.2f} ms, after {m['after_added_p99']:.2f} ms; paired "
             f"difference (after - before) p50 {m['paired_p50']:+.2f} ms, p99 "
-            f"{m['paired_p99']:+.2f} ms"
+            f"{m['paired_p99']:+.2f} ms; serving CPU per request before {m['before_cpu_ms']:.3f}"
+            f" ms, after {m['after_cpu_ms']:.3f} ms ({m['paired_cpu_ms']:+.3f} ms)"
         )
         for n, r in enumerate(pr["rounds"]):
             print(
