@@ -103,13 +103,14 @@ class ApiRoutes:
     # -- the two APIs ---------------------------------------------------------------------------
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        """OpenAI's Responses API (JSON or streamed), routed and recorded like chat
-        completions (``previous_response_id`` resolved from the items the gateway keeps)."""
+        """OpenAI's Responses API (JSON or streamed), routed, falling back and recorded like
+        chat completions (``previous_response_id`` resolved from the items the gateway
+        keeps)."""
         return await self._handle(request, Responses(self, request))
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        """Anthropic's Messages API (JSON or streamed), routed and recorded like chat
-        completions (production: ``gateway.anthropic_url``)."""
+        """Anthropic's Messages API (JSON or streamed), routed, falling back and recorded like
+        chat completions (production: ``gateway.anthropic_url``)."""
         return await self._handle(request, Messages(self, request))
 
     # -- the flow both share --------------------------------------------------------------------

@@ -80,8 +80,9 @@ class ChatRoutes(GatewayState):
     """The chat completions routes, on the gateway's shared state."""
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        """OpenAI chat completions (JSON or streamed): routed to Trinity or production, the
-        step recorded; without a call id in the path, a call of one step."""
+        """OpenAI chat completions (JSON or streamed): routed to Trinity or production (to
+        production when Trinity cannot answer a call routed to it: ``X-Trajstream-Fallback``
+        says why), the step recorded; without a call id in the path, a call of one step."""
         began = time.perf_counter()
         timing = Timing()  # the forwarders note the time spent waiting on the upstream
         response = await self._chat_inner(request, timing)
