@@ -505,9 +505,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         paired = fallback = None
         if args.baseline is not None:
             paired = await paired_phase(args, env, tmp, upstream, gateway, gw.pid, procs)
+            print("paired:", json.dumps(paired["median"]), flush=True)
         if not args.soak_only and not args.no_fallback:
             fallback = await fallback_phase(args, env, tmp, upstream, procs)
-        if not args.soak_only:
+            print("fallback:", json.dumps(fallback), flush=True)
+        if not args.soak_only and not args.policy_only:
             await max_rate(gateway_url, min(2.0, args.seconds), args.concurrency)  # warm up
             before = (await health_of(gateway))["publisher"]
             cpu_before, served_before = cpu_s(gw.pid), (await health_of(gateway))["requests"]
@@ -573,16 +575,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
         samples: list[tuple[float, int]] = []
         began = time.monotonic()
-        await at_rate(
-            gateway_url,
-            rate,
-            args.soak,
-            end=f"{gateway}/calls/{{}}/end",
-            on_tick=lambda: samples.append((time.monotonic() - began, rss_kib(gw.pid))),
-        )
+        if not args.policy_only:
+            await at_rate(
+                gateway_url,
+                rate,
+                args.soak,
+                end=f"{gateway}/calls/{{}}/end",
+                on_tick=lambda: samples.append((time.monotonic() - began, rss_kib(gw.pid))),
+            )
         async with aiohttp.ClientSession() as http, http.get(f"{gateway}/healthz") as r:
             health = await r.json()
-        tenth = next((kib for t, kib in samples if t >= args.soak / 10), samples[0][1])
+        tenth = next((kib for t, kib in samples if t >= args.soak / 10), samples[0][1]) if (
+            samples
+        ) else None
         result = {
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
             "seconds": args.seconds,
@@ -607,7 +612,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "after_first_tenth": tenth,
                 "max": max(k for _, k in samples) if samples else None,
                 "last": samples[-1][1] if samples else None,
-                "drift_after_first_tenth": samples[-1][1] - tenth if samples else None,
+                "drift_after_first_tenth": samples[-1][1] - tenth if samples and tenth else None,
                 "curve": [(round(t), kib) for t, kib in samples[::60]],  # one a minute
             },
             "gateway_health": health,
@@ -697,6 +702,8 @@ def report(result: dict[str, Any]) -> None:
                 f"{r['before_added_p99']:.2f} | after p50 {r['after_added_p50']:.2f} p99 "
                 f"{r['after_added_p99']:.2f} ms"
             )
+    if not rss["first"]:
+        return
     print(
         f"gateway RSS over {rss['soak_s']:g} s: first {rss['first']} KiB, after 1/10 "
         f"{rss['after_first_tenth']} KiB, max {rss['max']} KiB, last {rss['last']} KiB "
@@ -746,6 +753,12 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--no-fallback", action="store_true", help="leave out the fallback phase"
+    )
+    parser.add_argument(
+        "--policy-only",
+        action="store_true",
+        help="only the fallback phase and (with --baseline) the paired one: no max-rate, "
+        "latency or soak phases",
     )
     parser.add_argument(
         "--rounds",
