@@ -29,17 +29,19 @@ topic). Figures are from this machine in this run. Targets (issue 19): added p50
 p99 <= 5 ms at 500 requests/s, p99 <= 10 ms at 1,000; >= 2,000 requests/s recorded per process
 with nothing spilled while the broker is healthy; RSS flat (< 2%) over a 30-minute soak.
 
-4. fallback    the policy failing, open loop at --fallback-rate (200 req/s), every call routed to
-               the policy (sampling:1) through its own gateway process, the paths interleaved
-               over --rounds: Trinity's port closed (each request falls back on the refused
-               connection; the breaker held shut), Trinity answering 503 (likewise), the breaker
-               open (no request to Trinity at all), and the same calls routed to production
-               (sampling:0): p50/p99 of each, and what each adds to production's
+4. fallback    the policy failing: three gateway processes routing half the calls to the policy
+               (sampling:0.5), whose Trinity is a closed port (each such request falls back on
+               the refused connection; the breaker held shut), a stand-in answering 503
+               (likewise), and a closed port behind an open breaker (no request to Trinity at
+               all); open loop at --fallback-rate (200 req/s) on each, the three interleaved a
+               second at a time: in each, the p50/p99 of the calls that fell back against
+               those routed to production in the same seconds
 5. paired      with --baseline DIR (a checkout of another version of this repository, e.g. the
                code before a change: ``git archive <commit> | tar -x -C DIR``): its gateway and
-               this one, same settings, at the first --rates, in --rounds rounds (the order
-               alternating), each beside the direct path of the same round: the added p50/p99
-               before and after, and their paired difference per round
+               this one, same settings, and the direct path, each at the first --rates,
+               interleaved a second at a time, in --rounds rounds: the added p50/p99 before and
+               after, their paired difference per round, and each serving process's CPU per
+               request
 
 Also: ``--durability acked`` (the cost of answering only once the broker acknowledged),
 ``--rates`` (the open-loop phases), and the gateway's own overhead histogram
@@ -283,11 +285,72 @@ def summary(latencies: list[float]) -> dict[str, Any]:
     return {"p50": pct(latencies, 50), "p99": pct(latencies, 99), "n": len(latencies)}
 
 
+async def interleaved(
+    urls: dict[str, str], rate: float, seconds: float, warmup: float, slice_s: float = 1.0
+) -> dict[str, dict[str, list[float]]]:
+    """Open loop at ``rate`` on each of ``urls`` in turn, ``slice_s`` at a time, until each had
+    ``seconds`` (after ``warmup`` seconds each, not counted): every path sees the machine as it
+    was a second before or after the others, so a load that drifts moves them alike. Each
+    request's latency is kept under the gateway's ``X-Trajstream-Fallback`` (``production``
+    when the call was routed to production, ``trinity`` when the policy answered)."""
+    data = json.dumps(BODY).encode()
+    out: dict[str, dict[str, list[float]]] = {name: {} for name in urls}
+    sessions = {
+        name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) for name in urls
+    }
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def send(name: str, counted: bool) -> None:
+        began = time.perf_counter()
+        try:
+            async with sessions[name].post(
+                urls[name].format(uuid.uuid4().hex),
+                data=data,
+                headers={"Content-Type": "application/json"},
+            ) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"status {r.status}")
+                took = (time.perf_counter() - began) * 1000
+                key = r.headers.get("X-Trajstream-Fallback") or r.headers.get(
+                    "X-Trajstream-Upstream", "direct"
+                )
+        except (aiohttp.ClientError, RuntimeError):
+            FAILED[urls[name]] = FAILED.get(urls[name], 0) + 1
+            return
+        if counted:
+            out[name].setdefault(key, []).append(took)
+
+    async def run(name: str, length: float, counted: bool) -> None:
+        t0 = time.perf_counter()
+        for i in range(int(rate * length)):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(send(name, counted))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    try:
+        for name in urls:
+            await run(name, warmup, counted=False)
+        order = list(urls)
+        for n in range(max(1, round(seconds / slice_s))):
+            for name in order if n % 2 == 0 else reversed(order):
+                await run(name, slice_s, counted=True)
+        await asyncio.gather(*tasks)
+    finally:
+        for session in sessions.values():
+            await session.close()
+    return out
+
+
 async def fallback_phase(
     args: argparse.Namespace, env: dict[str, str], tmp: Path, upstream: str, procs: list[Any]
 ) -> dict[str, Any]:
-    """The policy failing (see the module docstring, 4.): p50/p99 per path, pooled over the
-    rounds, and what each adds to the production route's."""
+    """The policy failing (see the module docstring, 4.): three gateways routing half the calls
+    to the policy, each failing its own way, their requests interleaved; in each, the calls
+    that fell back against those routed to production in the same seconds."""
     failing_port = free_port()
     procs.append(
         spawn(
@@ -300,13 +363,12 @@ async def fallback_phase(
     )
     failing = f"http://127.0.0.1:{failing_port}"
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    routed = {**env, "TRAJSTREAM_SELECTION__STRATEGY": "sampling:1"}
+    half = {**env, "TRAJSTREAM_SELECTION__STRATEGY": "sampling:0.5"}
     paths = {
-        "production": {**env, "TRAJSTREAM_SELECTION__STRATEGY": "sampling:0"},
-        "refused": {**routed, "TRAJSTREAM_TRINITY__URL": closed, **BREAKER_HELD_SHUT},
-        "status_503": {**routed, "TRAJSTREAM_TRINITY__URL": failing, **BREAKER_HELD_SHUT},
+        "refused": {**half, "TRAJSTREAM_TRINITY__URL": closed, **BREAKER_HELD_SHUT},
+        "status_503": {**half, "TRAJSTREAM_TRINITY__URL": failing, **BREAKER_HELD_SHUT},
         "breaker_open": {
-            **routed,
+            **half,
             "TRAJSTREAM_TRINITY__URL": closed,
             "TRAJSTREAM_GATEWAY__BREAKER__FAILURES": "1",
             "TRAJSTREAM_GATEWAY__BREAKER__COOLDOWN_S": "86400",
@@ -325,28 +387,27 @@ async def fallback_phase(
             assert r.status == 200, await r.text()
     for url in urls.values():
         await wait_http(f"{url}/healthz")
-    rate, pooled = args.fallback_rate, {name: [] for name in urls}
-    rounds = []
-    for n in range(args.rounds):
-        row = {}
-        for name in urls if n % 2 == 0 else reversed(urls):
-            url = f"{urls[name]}/calls/{{}}/v1/chat/completions"
-            got = await at_rate(url, rate, args.seconds, warmup=args.warmup)
-            pooled[name] += got
-            row[name] = summary(got)
-        rounds.append(row)
-    health = {name: (await health_of(url))["policy"] for name, url in urls.items()}
-    out: dict[str, Any] = {"rate_rps": rate, "rounds": rounds}
-    base = summary(pooled["production"])
-    for name, got in pooled.items():
-        mine = summary(got)
+    reasons = {"refused": "connect", "status_503": "status_5xx", "breaker_open": "breaker_open"}
+    got = await interleaved(
+        {name: f"{url}/calls/{{}}/v1/chat/completions" for name, url in urls.items()},
+        args.fallback_rate,
+        args.seconds,
+        args.warmup,
+    )
+    out: dict[str, Any] = {"rate_rps": args.fallback_rate, "seconds": args.seconds}
+    for name, url in urls.items():
+        fell, base = summary(got[name].get(reasons[name], [])), summary(
+            got[name].get("production", [])
+        )
+        health = (await health_of(url))["policy"]
         out[name] = {
-            **mine,
-            "added_p50": mine["p50"] - base["p50"],
-            "added_p99": mine["p99"] - base["p99"],
-            "breaker": health[name]["state"],
-            "fallbacks": health[name]["fallbacks"],
-            "failed": FAILED.get(f"{urls[name]}/calls/{{}}/v1/chat/completions", 0),
+            "fallback": fell,
+            "production": base,
+            "added_p50": fell["p50"] - base["p50"],
+            "added_p99": fell["p99"] - base["p99"],
+            "breaker": health["state"],
+            "fallbacks": health["fallbacks"],
+            "failed": FAILED.get(f"{url}/calls/{{}}/v1/chat/completions", 0),
         }
     return out
 
@@ -373,7 +434,9 @@ async def paired_phase(
     gateway_pid: int,
     procs: list[Any],
 ) -> dict[str, Any]:
-    """This gateway against --baseline's at the same rate (see the module docstring, 5.)."""
+    """This gateway against --baseline's at the same rate (see the module docstring, 5.): the
+    direct path and the two gateways interleaved a second at a time, each at the full rate,
+    for --rounds rounds of --seconds each."""
     baseline_dir = args.baseline.resolve()
     proc, baseline = start_gateway(
         {**env, "PYTHONPATH": str(baseline_dir)}, tmp, "baseline", upstream, cwd=baseline_dir
@@ -381,23 +444,27 @@ async def paired_phase(
     procs.append(proc)
     await wait_http(f"{baseline}/healthz")
     rate = args.rates[0]
-    direct_url = f"{upstream}/v1/chat/completions?call={{}}"
     bases = {"after": gateway, "before": baseline}
     pids = {"after": gateway_pid, "before": proc.pid}
+    urls = {
+        "direct": f"{upstream}/v1/chat/completions?call={{}}",
+        **{name: f"{url}/calls/{{}}/v1/chat/completions" for name, url in bases.items()},
+    }
     rounds = []
-    for n in range(args.rounds):
-        direct = summary(await at_rate(direct_url, rate, args.seconds, warmup=args.warmup))
+    for _ in range(args.rounds):
+        served = {name: (await health_of(url))["requests"] for name, url in bases.items()}
+        cpu = {name: cpu_s(pid)[0] for name, pid in pids.items()}
+        got = await interleaved(urls, rate, args.seconds, args.warmup)
+        direct = summary([ms for lat in got["direct"].values() for ms in lat])
         row: dict[str, Any] = {"direct": direct}
-        for name in ("after", "before") if n % 2 == 0 else ("before", "after"):
-            url = f"{bases[name]}/calls/{{}}/v1/chat/completions"
-            served, cpu = (await health_of(bases[name]))["requests"], cpu_s(pids[name])
-            got = summary(await at_rate(url, rate, args.seconds, warmup=args.warmup))
-            served = (await health_of(bases[name]))["requests"] - served
-            row[name] = got
-            row[f"{name}_added_p50"] = got["p50"] - direct["p50"]
-            row[f"{name}_added_p99"] = got["p99"] - direct["p99"]
+        for name, url in bases.items():
+            mine = summary([ms for lat in got[name].values() for ms in lat])
+            n = (await health_of(url))["requests"] - served[name]
+            row[name] = mine
+            row[f"{name}_added_p50"] = mine["p50"] - direct["p50"]
+            row[f"{name}_added_p99"] = mine["p99"] - direct["p99"]
             # the serving process's CPU per request (its recorder's apart): the work it adds
-            row[f"{name}_cpu_ms"] = (cpu_s(pids[name])[0] - cpu[0]) * 1000 / max(1, served)
+            row[f"{name}_cpu_ms"] = (cpu_s(pids[name])[0] - cpu[name]) * 1000 / max(1, n)
         row["paired_p50"] = row["after_added_p50"] - row["before_added_p50"]
         row["paired_p99"] = row["after_added_p99"] - row["before_added_p99"]
         row["paired_cpu_ms"] = row["after_cpu_ms"] - row["before_cpu_ms"]
@@ -673,15 +740,17 @@ def report(result: dict[str, Any]) -> None:
     fb = result.get("fallback_ms")
     if fb:
         print(
-            f"fallback @ {fb['rate_rps']:.0f} req/s, every call routed to the policy, "
-            f"{len(fb['rounds'])} round(s) pooled:"
+            f"fallback @ {fb['rate_rps']:.0f} req/s per gateway, half the calls routed to the "
+            f"policy, {fb['seconds']:g} s each, the three interleaved:"
         )
-        for name in ("production", "refused", "status_503", "breaker_open"):
+        for name in ("refused", "status_503", "breaker_open"):
             x = fb[name]
+            f, p = x["fallback"], x["production"]
             print(
-                f"    {name:13} p50 {x['p50']:7.2f} ms p99 {x['p99']:7.2f} ms (n {x['n']}) | "
-                f"added to production's p50 {x['added_p50']:6.2f} ms p99 {x['added_p99']:6.2f} "
-                f"ms | breaker {x['breaker']}, fallbacks {x['fallbacks']}"
+                f"    {name:13} fell back p50 {f['p50']:7.2f} ms p99 {f['p99']:7.2f} ms (n "
+                f"{f['n']}) | production's p50 {p['p50']:7.2f} ms p99 {p['p99']:7.2f} ms (n "
+                f"{p['n']}) | added p50 {x['added_p50']:+.2f} ms p99 {x['added_p99']:+.2f} ms | "
+                f"breaker {x['breaker']}, fallbacks {x['fallbacks']}"
             )
     pr = result.get("paired_ms")
     if pr:
