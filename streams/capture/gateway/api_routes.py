@@ -162,9 +162,13 @@ class ApiRoutes:
             # Trinity answers the translated request meanwhile; its answer joins the step
             state.await_shadow(seq, asyncio.ensure_future(gw._shadow(call_id, parsed.chat)))
         exchange = Exchange(api, call_id, parsed, state, which, headers, path_call)
-        if parsed.stream:
-            return await self._stream(request, raw, exchange)
-        return await self._json(raw, exchange)
+        try:
+            if parsed.stream:
+                return await self._stream(request, raw, exchange)
+            return await self._json(raw, exchange)
+        finally:  # a policy answer whose outcome was not told: its probe slot is free again
+            if exchange.policy is not None:
+                gw.policy.release(exchange.policy)
 
     async def _post(self, exchange: Exchange, raw: bytes) -> aiohttp.ClientResponse:
         """Production, through the gateway's one upstream send, with the client's bytes."""
@@ -182,7 +186,7 @@ class ApiRoutes:
         exchange.began = time.perf_counter()
         try:
             exchange.policy = await gw.policy.open(
-                exchange.state.fallback, url, headers, data, stream=stream
+                exchange.state.fallback, url, headers, data, stream=stream, verify=True
             )
         except PolicyFallback as exc:
             return self._fall_back(exchange, exc)
@@ -259,6 +263,7 @@ class ApiRoutes:
                 if not isinstance(parsed, dict):
                     raise ValueError("not a JSON object")
                 answer_json = parsed
+                gw.policy.answered(opened)
             except ValueError as exc:
                 refused = self._fall_back(
                     exchange, gw.policy.bad_answer(opened, f"the answer is not JSON: {exc}")
@@ -338,9 +343,9 @@ class ApiRoutes:
             assembler = api.assembler() if translate is None else None
             acked = self.gateway.acked
             hold = HoldLast() if acked and translate is None else None  # the terminal event
+            broke: BaseException | None = None
             try:
-                chunk = first
-                chunks = upstream.content.iter_any().__aiter__()
+                chunk, chunks = first, upstream.content.iter_any().__aiter__()
                 while True:
                     if chunk:
                         if translate is not None:
@@ -354,14 +359,24 @@ class ApiRoutes:
                         chunk = await chunks.__anext__()
                     except StopAsyncIteration:
                         break
-            except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
+                    except (TimeoutError, aiohttp.ClientError) as exc:  # the upstream's side
+                        broke = exc
+                        break
+            except (aiohttp.ClientError, ConnectionResetError) as exc:  # the agent went away
+                log.warning("the agent of call %s left its stream: %s", exchange.call_id, exc)
+                return response
+            if broke is not None:
                 # the client saw a broken stream; a Trinity step is recorded as failed
-                log.warning("stream of call %s broke off: %s", exchange.call_id, type(exc).__name__)
+                log.warning(
+                    "stream of call %s broke off: %s", exchange.call_id, type(broke).__name__
+                )
                 if translate is not None:
                     with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
-                        await response.write(translate.fail(f"the Trinity stream broke off: {exc}"))
+                        await response.write(
+                            translate.fail(f"the Trinity stream broke off: {broke}")
+                        )
                     assert opened is not None
-                    error_type = self.gateway.policy.broke(opened, exc)
+                    error_type = self.gateway.policy.broke(opened, broke)
                     ack = None
                     with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
                         ack = self._record(
@@ -372,6 +387,8 @@ class ApiRoutes:
                         )
                     await self.gateway._durable(ack)
                 return response
+            if opened is not None:
+                self.gateway.policy.answered(opened)
             tail = translate.finish() if translate is not None else b""
             if hold is not None:
                 tail = hold.release()

@@ -125,13 +125,17 @@ class ChatRoutes(GatewayState):
             if route.upstream == "trinity"
             else Answering(route.upstream)
         )
-        if stream:
-            return await self._forward_stream(
-                raw, request, call_id, body, state, headers, path_call, timing, answering
+        try:
+            if stream:
+                return await self._forward_stream(
+                    raw, request, call_id, body, state, headers, path_call, timing, answering
+                )
+            return await self._forward_json(
+                raw, call_id, body, state, headers, path_call, timing, answering
             )
-        return await self._forward_json(
-            raw, call_id, body, state, headers, path_call, timing, answering
-        )
+        finally:  # a policy answer whose outcome was not told: its probe slot is free again
+            if answering.policy is not None:
+                self.policy.release(answering.policy)
 
     async def _ask_policy(
         self,
@@ -344,32 +348,39 @@ class ChatRoutes(GatewayState):
             # the terminal event is held until the records are handed over (buffered) or on
             # the broker (acked)
             assembler = StreamAssembler(strip_usage=not asked, hold_done=True)
+            broke: BaseException | None = None
             try:
-                if first:
-                    forwarded = assembler.feed(first)
-                    if forwarded:
-                        await response.write(forwarded)
-                chunks = upstream.content.iter_any().__aiter__()
+                chunk, chunks = first, upstream.content.iter_any().__aiter__()
                 while True:
+                    if chunk:
+                        forwarded = assembler.feed(chunk)
+                        if forwarded:
+                            await response.write(forwarded)
                     t = time.perf_counter()
                     try:
                         chunk = await chunks.__anext__()
                     except StopAsyncIteration:
                         waited += time.perf_counter() - t
                         break
+                    except (TimeoutError, aiohttp.ClientError) as exc:  # the upstream's side
+                        broke = exc
+                        break
                     waited += time.perf_counter() - t  # ... and each wait for its next bytes
-                    forwarded = assembler.feed(chunk)
-                    if forwarded:
-                        await response.write(forwarded)
-                timing.upstream_s, timing.stream = timing.upstream_s + waited, True
-                rest = assembler.rest()
-                if rest:
-                    await response.write(rest)
-            except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
+                if broke is None:
+                    timing.upstream_s, timing.stream = timing.upstream_s + waited, True
+                    rest = assembler.rest()
+                    if rest:
+                        await response.write(rest)
+            except (aiohttp.ClientError, ConnectionResetError) as exc:  # the agent went away
+                log.warning("the agent of call %s left its stream: %s", call_id, exc)
+                return response
+            if broke is not None:
                 return await self._stream_broke(
-                    exc, response, call_id, body, raw, state, path_call, answering, assembler,
+                    broke, response, call_id, body, raw, state, path_call, answering, assembler,
                     began,
                 )  # fmt: skip
+            if opened is not None:
+                self.policy.answered(opened)
             latency = (time.perf_counter() - began) * 1000
             self.stats.answered[which] += 1
             ack = None

@@ -64,6 +64,55 @@ class PolicyFallback(Exception):
         self.detail = detail
 
 
+class Deadline:
+    """The bound on one request's wait for Trinity: when it passes, the waiting task is
+    cancelled (and :meth:`expired` says the cancellation was this deadline's). It does what
+    ``asyncio.timeout`` does, with one timer handle and no state machine: on the gateway's loop
+    that is about 10 us less a request (``asyncio.timeout`` cost 9-12 us, a bare timer handle
+    1-5 us, measured on uvloop), on the path every request routed to the policy takes."""
+
+    __slots__ = ("_cancelling", "_fired", "_handle", "_task")
+
+    def __init__(self, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._fired = False
+        self._handle = loop.call_at(loop.time() + delay, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._task.cancel()
+
+    @property
+    def fired(self) -> bool:
+        """Whether the deadline passed (and cancelled the task)."""
+        return self._fired
+
+    def expired(self) -> bool:
+        """A CancelledError was caught: whether it is this deadline's alone. Then it is taken
+        back (a cancellation someone else requested as well is not)."""
+        return self._fired and self._task.uncancel() <= self._cancelling
+
+    def close(self) -> bool:
+        """The wait is over; True when the deadline passed just as it ended (or a library turned
+        its cancellation into another error): the task is cancelled all the same, and
+        :meth:`settle` must take that back before the caller's next await."""
+        self._handle.cancel()
+        return self._fired and self._task.cancelling() > self._cancelling
+
+    async def settle(self) -> None:
+        try:
+            await asyncio.sleep(0)  # a cancellation still due is delivered here
+        except asyncio.CancelledError:
+            if self._task.uncancel() > self._cancelling:
+                raise
+        else:
+            self._task.uncancel()
+
+
 @dataclass(slots=True)
 class PolicyAnswer:
     """Trinity's answer to one request, before any of it reached the client."""
@@ -77,7 +126,9 @@ class PolicyAnswer:
     version: int | None
     """The policy's version as known when the answer arrived (None: not known)."""
     ticket: int | None
-    """The breaker's ticket of this request (:meth:`PolicyUpstream.broke` hands it back)."""
+    """The breaker's ticket of this request, until its outcome is told (:meth:`PolicyUpstream.
+    answered`, :meth:`~PolicyUpstream.broke`, :meth:`~PolicyUpstream.bad_answer`,
+    :meth:`~PolicyUpstream.release`); None once it was."""
 
 
 class PolicyUpstream:
@@ -134,10 +185,16 @@ class PolicyUpstream:
         data: bytes,
         *,
         stream: bool,
+        verify: bool = False,
     ) -> PolicyAnswer:
         """Send one request to Trinity and read up to its first byte (``stream``) or its whole
         answer, within ``gateway.policy_timeout_s``; raises :class:`PolicyFallback` when
-        production must answer it (``sticky``: the call's earlier fallback, if any)."""
+        production must answer it (``sticky``: the call's earlier fallback, if any).
+
+        A streamed answer with status 200 (or one the caller reads first, ``verify``) is not
+        an outcome yet: the caller tells it, once it knows, to :meth:`answered`,
+        :meth:`broke` or :meth:`bad_answer`, and calls :meth:`release` on every way out (a
+        no-op once told), so that a broken stream counts as the failed request it is."""
         if sticky is not None:
             raise PolicyFallback(STICKY, f"the call fell back earlier ({sticky})")
         breaker = self.breaker
@@ -150,30 +207,31 @@ class PolicyUpstream:
         reason = detail = None
         retry: float | None = None
         body = b""
-        deadline = asyncio.timeout(self.timeout_s)
+        deadline = Deadline(self.timeout_s)
         try:
             try:
-                async with deadline:
-                    response = await session.post(url, data=data, headers=headers)
-                    if response.status == 200 and stream:
-                        body = await response.content.readany()
-                        if not body:
-                            reason, detail = CONNECT, "the stream ended before its first byte"
-                    else:  # the whole answer: non-streamed, or a refusal (small)
-                        body = await response.read()
-                        reason = reason_of_status(response.status)
-                        if reason is not None:
-                            retry = retry_after_s(response.headers.get("Retry-After"))
-                            text = body[:200].decode(errors="replace")
-                            detail = f"Trinity answered {response.status}: {text}"
-            except TimeoutError as exc:
-                if deadline.expired():
-                    reason = TIMEOUT
-                    detail = f"no first byte within {self.timeout_s:g}s"
-                else:  # aiohttp's own: the connection could not be opened in time
-                    reason, detail = CONNECT, f"{type(exc).__name__}: {exc}"
-            except (aiohttp.ClientError, OSError) as exc:
-                reason, detail = CONNECT, f"{type(exc).__name__}: {exc}"
+                response = await session.post(url, data=data, headers=headers)
+                if response.status == 200 and stream:
+                    body = await response.content.readany()
+                    if not body:
+                        reason, detail = CONNECT, "the stream ended before its first byte"
+                else:  # the whole answer: non-streamed, or a refusal (small)
+                    body = await response.read()
+                    reason = reason_of_status(response.status)
+                    if reason is not None:
+                        retry = retry_after_s(response.headers.get("Retry-After"))
+                        text = body[:200].decode(errors="replace")
+                        detail = f"Trinity answered {response.status}: {text}"
+            except asyncio.CancelledError:
+                if not deadline.expired():  # someone else's: the client went away
+                    raise
+                reason, detail = TIMEOUT, f"no first byte within {self.timeout_s:g}s"
+            except (aiohttp.ClientError, OSError) as exc:  # aiohttp's own timeouts too
+                reason = TIMEOUT if deadline.fired else CONNECT
+                detail = f"{type(exc).__name__}: {exc}"
+            finally:
+                if deadline.close():
+                    await deadline.settle()
         except BaseException:  # cancelled: the client went away; the probe slot is free again
             breaker.release(ticket)
             if response is not None:
@@ -185,7 +243,11 @@ class PolicyUpstream:
             self.failed(ticket, reason, detail or "", retry)
             raise PolicyFallback(reason, detail or "")
         assert response is not None
-        breaker.success(ticket)
+        pending: int | None = None
+        if response.status == 200 and (stream or verify):
+            pending = ticket  # its outcome is the caller's to tell
+        else:
+            breaker.success(ticket)
         version = version_of_header(response.headers.get(VERSION_HEADER))
         return PolicyAnswer(
             response.status,
@@ -193,21 +255,35 @@ class PolicyUpstream:
             body,
             response,
             self.versions.current if version is None else version,
-            ticket,
+            pending,
         )
+
+    def answered(self, answer: PolicyAnswer) -> None:
+        """The answer reached the client whole (a stream's end, a body that was read)."""
+        ticket, answer.ticket = answer.ticket, None
+        if ticket is not None:
+            self.breaker.success(ticket)
+
+    def release(self, answer: PolicyAnswer) -> None:
+        """The answer ended without an outcome (the client went away); a no-op once told."""
+        ticket, answer.ticket = answer.ticket, None
+        if ticket is not None:
+            self.breaker.release(ticket)
 
     def bad_answer(self, answer: PolicyAnswer, detail: str) -> PolicyFallback:
         """Trinity answered 200 with something that is no answer: a failure, and production
         answers instead (raise what this returns)."""
-        self.failed(answer.ticket, BAD_ANSWER, detail, None)
+        ticket, answer.ticket = answer.ticket, None
+        self.failed(ticket, BAD_ANSWER, detail, None)
         return PolicyFallback(BAD_ANSWER, detail)
 
     def broke(self, answer: PolicyAnswer, exc: BaseException) -> str:
         """Trinity's stream broke after its first bytes reached the client (no fallback is
         possible): a failure; returns the step's ``error_type``."""
         self.stream_errors += 1
+        ticket, answer.ticket = answer.ticket, None
         error_type = "timeout" if isinstance(exc, TimeoutError) else "stream_broken"
-        self.failed(answer.ticket, CONNECT, f"{error_type}: {type(exc).__name__}", None)
+        self.failed(ticket, CONNECT, f"{error_type}: {type(exc).__name__}", None)
         return error_type
 
     def failed(self, ticket: int | None, reason: str, detail: str, retry: float | None) -> None:
