@@ -29,6 +29,20 @@ topic). Figures are from this machine in this run. Targets (issue 19): added p50
 p99 <= 5 ms at 500 requests/s, p99 <= 10 ms at 1,000; >= 2,000 requests/s recorded per process
 with nothing spilled while the broker is healthy; RSS flat (< 2%) over a 30-minute soak.
 
+4. fallback    the policy failing: three gateway processes routing half the calls to the policy
+               (sampling:0.5), whose Trinity is a closed port (each such request falls back on
+               the refused connection; the breaker held shut), a stand-in answering 503
+               (likewise), and a closed port behind an open breaker (no request to Trinity at
+               all); open loop at --fallback-rate (200 req/s) on each, the three interleaved a
+               second at a time: in each, the p50/p99 of the calls that fell back against
+               those routed to production in the same seconds
+5. paired      with --baseline DIR (a checkout of another version of this repository, e.g. the
+               code before a change: ``git archive <commit> | tar -x -C DIR``): its gateway and
+               this one, same settings, and the direct path, each at the first --rates,
+               interleaved a second at a time, in --rounds rounds: the added p50/p99 before and
+               after, their paired difference per round, and each serving process's CPU per
+               request
+
 Also: ``--durability acked`` (the cost of answering only once the broker acknowledged),
 ``--rates`` (the open-loop phases), and the gateway's own overhead histogram
 (``trajstream_gateway_overhead_seconds`` on its /metrics: the time apart from the upstream's, by
@@ -44,6 +58,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -244,9 +259,232 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
+BREAKER_HELD_SHUT = {  # the breaker never opens: every request tries the policy first
+    "TRAJSTREAM_GATEWAY__BREAKER__FAILURES": "1000000000",
+    "TRAJSTREAM_GATEWAY__BREAKER__MIN_REQUESTS": "1000000000",
+}
+
+
+def start_gateway(
+    env: dict[str, str], tmp: Path, name: str, upstream: str, cwd: Path = REPO
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``trajstream gateway`` process of the code in ``cwd``, its production ``upstream``."""
+    port = free_port()
+    proc = spawn(
+        [sys.executable, "-m", "streams.cli", "gateway", "--port", str(port),
+         "--production-url", f"{upstream}/v1"],
+        cwd=cwd,
+        env={**env, "TRAJSTREAM_GATEWAY__SPILL_DIR": str(tmp / f"spill-{name}")},
+        stdout=(tmp / f"gateway-{name}.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def summary(latencies: list[float]) -> dict[str, Any]:
+    return {"p50": pct(latencies, 50), "p99": pct(latencies, 99), "n": len(latencies)}
+
+
+async def interleaved(
+    urls: dict[str, str], rate: float, seconds: float, warmup: float, slice_s: float = 1.0
+) -> dict[str, dict[str, list[float]]]:
+    """Open loop at ``rate`` on each of ``urls`` in turn, ``slice_s`` at a time, until each had
+    ``seconds`` (after ``warmup`` seconds each, not counted): every path sees the machine as it
+    was a second before or after the others, so a load that drifts moves them alike. Each
+    request's latency is kept under the gateway's ``X-Trajstream-Fallback`` (``production``
+    when the call was routed to production, ``trinity`` when the policy answered)."""
+    data = json.dumps(BODY).encode()
+    out: dict[str, dict[str, list[float]]] = {name: {} for name in urls}
+    sessions = {
+        name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) for name in urls
+    }
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def send(name: str, counted: bool) -> None:
+        began = time.perf_counter()
+        try:
+            async with sessions[name].post(
+                urls[name].format(uuid.uuid4().hex),
+                data=data,
+                headers={"Content-Type": "application/json"},
+            ) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"status {r.status}")
+                took = (time.perf_counter() - began) * 1000
+                key = r.headers.get("X-Trajstream-Fallback") or r.headers.get(
+                    "X-Trajstream-Upstream", "direct"
+                )
+        except (aiohttp.ClientError, RuntimeError):
+            FAILED[urls[name]] = FAILED.get(urls[name], 0) + 1
+            return
+        if counted:
+            out[name].setdefault(key, []).append(took)
+
+    async def run(name: str, length: float, counted: bool) -> None:
+        t0 = time.perf_counter()
+        for i in range(int(rate * length)):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(send(name, counted))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    try:
+        for name in urls:
+            await run(name, warmup, counted=False)
+        order = list(urls)
+        for n in range(max(1, round(seconds / slice_s))):
+            for name in order if n % 2 == 0 else reversed(order):
+                await run(name, slice_s, counted=True)
+        await asyncio.gather(*tasks)
+    finally:
+        for session in sessions.values():
+            await session.close()
+    return out
+
+
+async def fallback_phase(
+    args: argparse.Namespace, env: dict[str, str], tmp: Path, upstream: str, procs: list[Any]
+) -> dict[str, Any]:
+    """The policy failing (see the module docstring, 4.): three gateways routing half the calls
+    to the policy, each failing its own way, their requests interleaved; in each, the calls
+    that fell back against those routed to production in the same seconds."""
+    failing_port = free_port()
+    procs.append(
+        spawn(
+            [sys.executable, "-m", "streams.cli", "standin", "--port", str(failing_port)],
+            cwd=REPO,
+            env=env,
+            stdout=(tmp / "standin-503.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+    )
+    failing = f"http://127.0.0.1:{failing_port}"
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    half = {**env, "TRAJSTREAM_SELECTION__STRATEGY": "sampling:0.5"}
+    paths = {
+        "refused": {**half, "TRAJSTREAM_TRINITY__URL": closed, **BREAKER_HELD_SHUT},
+        "status_503": {**half, "TRAJSTREAM_TRINITY__URL": failing, **BREAKER_HELD_SHUT},
+        "breaker_open": {
+            **half,
+            "TRAJSTREAM_TRINITY__URL": closed,
+            "TRAJSTREAM_GATEWAY__BREAKER__FAILURES": "1",
+            "TRAJSTREAM_GATEWAY__BREAKER__COOLDOWN_S": "86400",
+            "TRAJSTREAM_GATEWAY__BREAKER__MAX_COOLDOWN_S": "86400",
+        },
+    }
+    urls = {}
+    for name, path_env in paths.items():
+        proc, url = start_gateway(path_env, tmp, name, upstream)
+        procs.append(proc)
+        urls[name] = url
+    await wait_http(f"{failing}/health")
+    async with aiohttp.ClientSession() as http:
+        fault = {"mode": "error", "status": 503}
+        async with http.post(f"{failing}/_standin/chat-fault", json=fault) as r:
+            assert r.status == 200, await r.text()
+    for url in urls.values():
+        await wait_http(f"{url}/healthz")
+    reasons = {"refused": "connect", "status_503": "status_5xx", "breaker_open": "breaker_open"}
+    got = await interleaved(
+        {name: f"{url}/calls/{{}}/v1/chat/completions" for name, url in urls.items()},
+        args.fallback_rate,
+        args.seconds,
+        args.warmup,
+    )
+    out: dict[str, Any] = {"rate_rps": args.fallback_rate, "seconds": args.seconds}
+    for name, url in urls.items():
+        fell, base = summary(got[name].get(reasons[name], [])), summary(
+            got[name].get("production", [])
+        )
+        health = (await health_of(url))["policy"]
+        out[name] = {
+            "fallback": fell,
+            "production": base,
+            "added_p50": fell["p50"] - base["p50"],
+            "added_p99": fell["p99"] - base["p99"],
+            "breaker": health["state"],
+            "fallbacks": health["fallbacks"],
+            "failed": FAILED.get(f"{url}/calls/{{}}/v1/chat/completions", 0),
+        }
+    return out
+
+
+PAIRED_KEYS = (
+    "before_added_p50",
+    "before_added_p99",
+    "after_added_p50",
+    "after_added_p99",
+    "paired_p50",
+    "paired_p99",
+    "before_cpu_ms",
+    "after_cpu_ms",
+    "paired_cpu_ms",
+)
+
+
+async def paired_phase(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    tmp: Path,
+    upstream: str,
+    gateway: str,
+    gateway_pid: int,
+    procs: list[Any],
+) -> dict[str, Any]:
+    """This gateway against --baseline's at the same rate (see the module docstring, 5.): the
+    direct path and the two gateways interleaved a second at a time, each at the full rate,
+    for --rounds rounds of --seconds each."""
+    baseline_dir = args.baseline.resolve()
+    proc, baseline = start_gateway(
+        {**env, "PYTHONPATH": str(baseline_dir)}, tmp, "baseline", upstream, cwd=baseline_dir
+    )
+    procs.append(proc)
+    await wait_http(f"{baseline}/healthz")
+    rate = args.rates[0]
+    bases = {"after": gateway, "before": baseline}
+    pids = {"after": gateway_pid, "before": proc.pid}
+    urls = {
+        "direct": f"{upstream}/v1/chat/completions?call={{}}",
+        **{name: f"{url}/calls/{{}}/v1/chat/completions" for name, url in bases.items()},
+    }
+    rounds = []
+    for _ in range(args.rounds):
+        served = {name: (await health_of(url))["requests"] for name, url in bases.items()}
+        cpu = {name: cpu_s(pid)[0] for name, pid in pids.items()}
+        got = await interleaved(urls, rate, args.seconds, args.warmup)
+        direct = summary([ms for lat in got["direct"].values() for ms in lat])
+        row: dict[str, Any] = {"direct": direct}
+        for name, url in bases.items():
+            mine = summary([ms for lat in got[name].values() for ms in lat])
+            n = (await health_of(url))["requests"] - served[name]
+            row[name] = mine
+            row[f"{name}_added_p50"] = mine["p50"] - direct["p50"]
+            row[f"{name}_added_p99"] = mine["p99"] - direct["p99"]
+            # the serving process's CPU per request (its recorder's apart): the work it adds
+            row[f"{name}_cpu_ms"] = (cpu_s(pids[name])[0] - cpu[name]) * 1000 / max(1, n)
+        row["paired_p50"] = row["after_added_p50"] - row["before_added_p50"]
+        row["paired_p99"] = row["after_added_p99"] - row["before_added_p99"]
+        row["paired_cpu_ms"] = row["after_cpu_ms"] - row["before_cpu_ms"]
+        rounds.append(row)
+
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    return {
+        "rate_rps": rate,
+        "baseline": str(args.baseline),
+        "rounds": rounds,
+        "median": {key: median(key) for key in PAIRED_KEYS},
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="trajstream-gw-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
+    profiled: list[subprocess.Popen[bytes]] = []  # the gateway under py-spy
     broker = None
     bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     try:
@@ -319,6 +557,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             stderr=subprocess.STDOUT,
         )
         procs.append(gw)
+        profiled.append(gw)
         gateway = f"http://127.0.0.1:{gateway_port}"
         await wait_http(f"{upstream}/health")
         await wait_http(f"{gateway}/healthz")
@@ -330,7 +569,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         gw_max = direct_max = floor_max = None
         recorded: dict[str, Any] = {}
         by_rate: list[dict[str, Any]] = []
-        if not args.soak_only:
+        paired = fallback = None
+        if args.baseline is not None:
+            paired = await paired_phase(args, env, tmp, upstream, gateway, gw.pid, procs)
+            print("paired:", json.dumps(paired["median"]), flush=True)
+        if not args.soak_only and not args.no_fallback:
+            fallback = await fallback_phase(args, env, tmp, upstream, procs)
+            print("fallback:", json.dumps(fallback), flush=True)
+        if not args.soak_only and not args.policy_only:
             await max_rate(gateway_url, min(2.0, args.seconds), args.concurrency)  # warm up
             before = (await health_of(gateway))["publisher"]
             cpu_before, served_before = cpu_s(gw.pid), (await health_of(gateway))["requests"]
@@ -396,16 +642,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
         samples: list[tuple[float, int]] = []
         began = time.monotonic()
-        await at_rate(
-            gateway_url,
-            rate,
-            args.soak,
-            end=f"{gateway}/calls/{{}}/end",
-            on_tick=lambda: samples.append((time.monotonic() - began, rss_kib(gw.pid))),
-        )
+        if not args.policy_only:
+            await at_rate(
+                gateway_url,
+                rate,
+                args.soak,
+                end=f"{gateway}/calls/{{}}/end",
+                on_tick=lambda: samples.append((time.monotonic() - began, rss_kib(gw.pid))),
+            )
         async with aiohttp.ClientSession() as http, http.get(f"{gateway}/healthz") as r:
             health = await r.json()
-        tenth = next((kib for t, kib in samples if t >= args.soak / 10), samples[0][1])
+        tenth = next((kib for t, kib in samples if t >= args.soak / 10), samples[0][1]) if (
+            samples
+        ) else None
         result = {
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
             "seconds": args.seconds,
@@ -422,13 +671,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "recorded": recorded,
             "latency_ms": by_rate[0] if by_rate else None,
             "latency_by_rate": by_rate,
+            "fallback_ms": fallback,
+            "paired_ms": paired,
             "rss_kib": {
                 "soak_s": args.soak,
                 "first": samples[0][1] if samples else None,
                 "after_first_tenth": tenth,
                 "max": max(k for _, k in samples) if samples else None,
                 "last": samples[-1][1] if samples else None,
-                "drift_after_first_tenth": samples[-1][1] - tenth if samples else None,
+                "drift_after_first_tenth": samples[-1][1] - tenth if samples and tenth else None,
                 "curve": [(round(t), kib) for t, kib in samples[::60]],  # one a minute
             },
             "gateway_health": health,
@@ -438,7 +689,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for p in procs:
             # py-spy writes its profile on SIGINT (and stops the gateway under it)
-            p.send_signal(signal.SIGINT) if args.py_spy and p is procs[-1] else p.terminate()
+            p.send_signal(signal.SIGINT) if args.py_spy and p in profiled else p.terminate()
         for p in procs:
             try:
                 p.wait(20)
@@ -486,6 +737,42 @@ def report(result: dict[str, Any]) -> None:
             f"{lat['floor']['p99']:.2f} ms | added by any Python proxy here p50 "
             f"{lat['floor_added_p50']:.2f} ms p99 {lat['floor_added_p99']:.2f} ms"
         )
+    fb = result.get("fallback_ms")
+    if fb:
+        print(
+            f"fallback @ {fb['rate_rps']:.0f} req/s per gateway, half the calls routed to the "
+            f"policy, {fb['seconds']:g} s each, the three interleaved:"
+        )
+        for name in ("refused", "status_503", "breaker_open"):
+            x = fb[name]
+            f, p = x["fallback"], x["production"]
+            print(
+                f"    {name:13} fell back p50 {f['p50']:7.2f} ms p99 {f['p99']:7.2f} ms (n "
+                f"{f['n']}) | production's p50 {p['p50']:7.2f} ms p99 {p['p99']:7.2f} ms (n "
+                f"{p['n']}) | added p50 {x['added_p50']:+.2f} ms p99 {x['added_p99']:+.2f} ms | "
+                f"breaker {x['breaker']}, fallbacks {x['fallbacks']}"
+            )
+    pr = result.get("paired_ms")
+    if pr:
+        m = pr["median"]
+        print(
+            f"paired @ {pr['rate_rps']:.0f} req/s, this gateway against {pr['baseline']} "
+            f"(median of {len(pr['rounds'])} rounds): added p50 before {m['before_added_p50']:.2f}"
+            f" ms, after {m['after_added_p50']:.2f} ms; added p99 before "
+            f"{m['before_added_p99']:.2f} ms, after {m['after_added_p99']:.2f} ms; paired "
+            f"difference (after - before) p50 {m['paired_p50']:+.2f} ms, p99 "
+            f"{m['paired_p99']:+.2f} ms; serving CPU per request before {m['before_cpu_ms']:.3f}"
+            f" ms, after {m['after_cpu_ms']:.3f} ms ({m['paired_cpu_ms']:+.3f} ms)"
+        )
+        for n, r in enumerate(pr["rounds"]):
+            print(
+                f"    round {n}: direct p50 {r['direct']['p50']:.2f} p99 {r['direct']['p99']:.2f}"
+                f" | added before p50 {r['before_added_p50']:.2f} p99 "
+                f"{r['before_added_p99']:.2f} | after p50 {r['after_added_p50']:.2f} p99 "
+                f"{r['after_added_p99']:.2f} ms"
+            )
+    if not rss["first"]:
+        return
     print(
         f"gateway RSS over {rss['soak_s']:g} s: first {rss['first']} KiB, after 1/10 "
         f"{rss['after_first_tenth']} KiB, max {rss['max']} KiB, last {rss['last']} KiB "
@@ -527,6 +814,35 @@ if __name__ == "__main__":
         help="gateway.recorder: records built and sent by a child process (the default), or on "
         "the serving loop",
     )
+    parser.add_argument(
+        "--fallback-rate",
+        type=float,
+        default=200.0,
+        help="the open-loop rate of the fallback phase (requests/s)",
+    )
+    parser.add_argument(
+        "--no-fallback", action="store_true", help="leave out the fallback phase"
+    )
+    parser.add_argument(
+        "--policy-only",
+        action="store_true",
+        help="only the fallback phase and (with --baseline) the paired one: no max-rate, "
+        "latency or soak phases",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of the fallback and paired phases, the paths interleaved (default 3; "
+        "--quick: 1)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a checkout of another version of this repository: its gateway measured against "
+        "this one's at the first --rates, paired round by round",
+    )
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument(
         "--py-spy",
@@ -545,6 +861,8 @@ if __name__ == "__main__":
         args.warmup = 0.5 if args.quick else 2.0
     if args.rates is None:
         args.rates = [200.0] if args.quick else [500.0, 1000.0]
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     result = asyncio.run(main(args))
     report(result)
     args.out.mkdir(parents=True, exist_ok=True)

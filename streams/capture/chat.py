@@ -138,8 +138,12 @@ def llm_step(
     upstream: str,
     latency_ms: float,
     now: Any,
+    policy_version: int | None = None,
+    fallback: str | None = None,
+    error_type: str | None = None,
 ) -> Completion:
-    """The LLM step of one request/response pair."""
+    """The LLM step of one request/response pair (``policy_version``, ``fallback`` and
+    ``error_type``: see :class:`~streams.models.Completion`)."""
     messages = request["messages"]
     seq = len(messages)
     choices = [c for c in response.get("choices") or [] if isinstance(c, dict)]
@@ -170,6 +174,9 @@ def llm_step(
         tool_call_details=details,
         latency_ms=latency_ms,
         upstream=upstream,
+        policy_version=policy_version,
+        fallback=fallback,
+        error_type=error_type,
     )
 
 

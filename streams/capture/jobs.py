@@ -73,9 +73,11 @@ def step_job(
     latency_ms: float,
     now: datetime,
     one_step: bool,
+    marks: dict[str, Any] | None = None,
 ) -> Job:
-    """The job of an answered step (and of its call's END when the call has one step)."""
-    return "step", (call_id, raw_request, answer, upstream, latency_ms, now, one_step)
+    """The job of an answered step (and of its call's END when the call has one step);
+    ``marks``: the step's ``policy_version``, ``fallback`` or ``error_type``, when any is set."""
+    return "step", (call_id, raw_request, answer, upstream, latency_ms, now, marks, one_step)
 
 
 def _step(
@@ -85,11 +87,12 @@ def _step(
     upstream: str,
     latency_ms: float,
     now: datetime,
+    marks: dict[str, Any] | None,
     one_step: bool,
 ) -> list[AgentCall | Completion]:
     step = llm_step(
         call_id, _json(raw_request), _json(answer), upstream=upstream, latency_ms=latency_ms,
-        now=now,
+        now=now, **(marks or {}),
     )  # fmt: skip
     return [step, one_step_end(step)] if one_step else [step]
 

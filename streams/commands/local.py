@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..cli_support import ensure_topics, resolve_bootstrap
@@ -137,13 +138,29 @@ def add_standin(sub: Any) -> None:
     p = sub.add_parser("standin", help="run the Trinity stand-in server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8010)
+    p.add_argument(
+        "--journal",
+        type=Path,
+        default=None,
+        help="keep what it served, rewarded and committed in this file, and read it back at "
+        "start (a stand-in killed and started again goes on where it was)",
+    )
+    p.add_argument(
+        "--sync-interval",
+        type=int,
+        default=0,
+        help="every this many /commit requests advance the model version by one, as Trinity's "
+        "explorer syncs new weights (default 0: the version stays 0)",
+    )
     p.set_defaults(func=cmd_standin)
 
 
 def cmd_standin(args: argparse.Namespace, settings: Settings) -> int:
     from ..devtools.standin import StandIn
 
-    StandIn().run(args.host, args.port)
+    if args.sync_interval < 0:
+        raise SystemExit("--sync-interval must be 0 or more")
+    StandIn(journal=args.journal, sync_interval=args.sync_interval).run(args.host, args.port)
     return 0
 
 

@@ -531,8 +531,8 @@ def _families(registry: Any) -> list[tuple[str, str, list[str], str]]:
             labels = list(getattr(family, "_labelnames", ()) or ())
             if not labels and family.samples:
                 labels = sorted(family.samples[0].labels)
-            values = {
-                label: [s.labels[label] for s in family.samples if label in s.labels]
+            values = {  # each value once (a family of two labels repeats each)
+                label: list(dict.fromkeys(s.labels[label] for s in family.samples if label in s.labels))
                 for label in labels
             }
             shown = [  # a collector's fixed label values (the gateway's outcomes) are its own

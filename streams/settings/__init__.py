@@ -35,7 +35,13 @@ from pydantic_settings import (
 )
 
 from ..errors import ConfigError
-from .gateway import CompareSettings, GatewayKey, GatewaySettings, RolloutSettings
+from .gateway import (
+    BreakerSettings,
+    CompareSettings,
+    GatewayKey,
+    GatewaySettings,
+    RolloutSettings,
+)
 from .kafka import KafkaSecuritySettings, KafkaSettings, SchemaRegistrySettings
 from .pipeline import (
     AssemblySettings,
@@ -53,6 +59,7 @@ __all__ = [
     "FAUST_ENV_OVERRIDES",
     "RECORD_HEADROOM",
     "AssemblySettings",
+    "BreakerSettings",
     "CommitSettings",
     "CompareSettings",
     "GatewayKey",

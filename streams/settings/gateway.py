@@ -105,10 +105,56 @@ class RolloutSettings(Section):
         return self
 
 
+class BreakerSettings(Section):
+    """The circuit breaker in front of the policy (``gateway.breaker``,
+    :mod:`streams.capture.breaker`): each gateway process stops sending requests to Trinity
+    while it fails, and probes it again after a cool-down."""
+
+    failures: PositiveInt = Field(
+        default=5, description="consecutive failed requests to Trinity that open the breaker"
+    )
+    failure_rate: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="or: this share of the requests of the last window_s failed (once there "
+        "were min_requests)",
+    )
+    window_s: PositiveFloat = Field(
+        default=30.0, description="the window of failure_rate, in seconds"
+    )
+    min_requests: PositiveInt = Field(
+        default=20, description="requests in window_s before failure_rate may open it"
+    )
+    cooldown_s: PositiveFloat = Field(
+        default=10.0,
+        description="how long it stays open (at least the Retry-After Trinity answered with) "
+        "before probing",
+    )
+    max_cooldown_s: PositiveFloat = Field(
+        default=300.0, description="the longest cool-down, whatever Retry-After says"
+    )
+    probes: PositiveInt = Field(
+        default=3,
+        description="half-open: requests let through to Trinity; this many answered close it, "
+        "one failure opens it again",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BreakerSettings:
+        if self.max_cooldown_s < self.cooldown_s:
+            raise ValueError(
+                "gateway.breaker.max_cooldown_s must be at least cooldown_s, got "
+                f"{self.max_cooldown_s:g} < {self.cooldown_s:g}"
+            )
+        return self
+
+
 class GatewaySettings(Section):
     """The OpenAI-compatible gateway (``trajstream gateway``)."""
 
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
 
     host: str = Field(
         default="127.0.0.1",
@@ -146,6 +192,16 @@ class GatewaySettings(Section):
     )
     timeout_s: PositiveFloat = Field(
         default=120.0, description="an upstream silent this long (no byte): 504"
+    )
+    policy_timeout_s: PositiveFloat = Field(
+        default=10.0,
+        description="Trinity's first byte (a streamed answer's first chunk, a non-streamed "
+        "answer whole) not there within this: production answers instead",
+    )
+    policy_version_poll_s: PositiveFloat = Field(
+        default=5.0,
+        description="how often Trinity's /metrics is read for the policy's version (in the "
+        "background; each read bounded by policy_timeout_s)",
     )
     max_body_bytes: PositiveInt = Field(default=8 * 1024 * 1024, description="larger: 413")
     max_connections: PositiveInt = Field(default=256, description="per upstream")

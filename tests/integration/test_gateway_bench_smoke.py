@@ -49,3 +49,12 @@ def test_the_gateway_benchmark_runs_and_writes_its_results(
     assert answered["trinity"] > 0 and answered["production"] > 0  # sampling:0.5 routes both ways
     assert health["publisher"]["published"] > 0
     assert "added p50" in result.stdout
+    # the policy failing: each gateway fell back as it should, every request answered
+    fallback = latest["fallback_ms"]
+    assert fallback["refused"]["fallbacks"].get("connect", 0) > 0
+    assert fallback["status_503"]["fallbacks"].get("status_5xx", 0) > 0
+    assert fallback["breaker_open"]["breaker"] == "open"
+    assert fallback["breaker_open"]["fallbacks"].get("breaker_open", 0) > 0
+    for path in ("refused", "status_503", "breaker_open"):
+        got = fallback[path]
+        assert got["failed"] == 0 and got["fallback"]["n"] > 0 and got["production"]["n"] > 0

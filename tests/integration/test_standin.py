@@ -23,7 +23,14 @@ import httpx
 import pytest
 
 from streams.devtools.broker import free_port
-from streams.devtools.standin import Fault, StandIn, fetch_state, reset_state, set_fault
+from streams.devtools.standin import (
+    ChatFault,
+    Fault,
+    StandIn,
+    fetch_state,
+    reset_state,
+    set_fault,
+)
 from streams.errors import TrinityRejected, TrinityUnavailable
 from streams.io.trinity import TrinityClient
 
@@ -498,6 +505,97 @@ async def test_stop_while_down_leaves_nothing_behind() -> None:
     await server.stop()
     async with TrinityClient(url, timeout=0.5) as client:
         assert await client.health() is False
+
+
+# -- chat faults, the model version, the journal ----------------------------------------------
+
+
+async def test_chat_faults_answer_the_chat_route_only(
+    standin: StandIn, raw: httpx.AsyncClient, trinity: TrinityClient
+) -> None:
+    bad = await raw.post("/_standin/chat-fault", json={"mode": "error", "status": 200})
+    assert bad.status_code == 400 and "status" in bad.json()["error"]
+    fault = {"mode": "error", "status": 503, "retry_after": 5, "count": 2}
+    assert (await raw.post("/_standin/chat-fault", json=fault)).status_code == 200
+    for _ in range(2):
+        refused = await raw.post("/v1/chat/completions", json=chat_body())
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+        assert refused.json()["error"]["code"] == 503
+    assert await trinity.health() and await trinity.metrics()  # other routes answer
+    assert (await raw.post("/v1/chat/completions", json=chat_body())).status_code == 200
+    assert standin.state.chat_faulted == 2 and len(standin.state.experiences) == 1
+
+    await raw.post("/_standin/chat-fault", json={"mode": "slow", "delay": 0.3, "count": 1})
+    began = time.monotonic()
+    assert (await raw.post("/v1/chat/completions", json=chat_body())).status_code == 200
+    assert time.monotonic() - began >= 0.3
+
+    await raw.post("/_standin/chat-fault", json={"mode": "cut", "count": 1})
+    with pytest.raises(httpx.TransportError):  # dropped before any byte
+        await raw.post("/v1/chat/completions", json=chat_body())
+    await raw.post("/_standin/chat-fault", json={"mode": "cut", "after": 2, "count": 1})
+    got = b""
+    with pytest.raises(httpx.TransportError):  # two chunks, then the connection dropped
+        async with raw.stream("POST", "/v1/chat/completions", json=chat_body(stream=True)) as r:
+            async for chunk in r.aiter_bytes():
+                got += chunk
+    assert got.count(b"data: ") == 2 and b"[DONE]" not in got
+
+    await raw.post("/_standin/chat-fault", json={"mode": "hang"})
+    hung = asyncio.create_task(raw.post("/v1/chat/completions", json=chat_body()))
+    await asyncio.sleep(0.3)
+    assert not hung.done()
+    standin.set_chat_fault(ChatFault())  # the hang ends: its request is dropped
+    with pytest.raises(httpx.TransportError):
+        await hung
+    assert (await raw.post("/v1/chat/completions", json=chat_body())).status_code == 200
+
+
+async def test_commits_advance_the_model_version_every_sync_interval(
+    trinity: TrinityClient, standin: StandIn, raw: httpx.AsyncClient
+) -> None:
+    standin.sync_interval = 2
+    first = await serve(trinity, 1)
+    for _ in range(3):
+        await trinity.commit()
+    second = await serve(trinity, 1)
+    assert (await trinity.metrics())["rollout/model_0/model_version"] == 1
+    rows = standin.state.experiences
+    assert [rows[i].model_version for i in first + second] == [0, 1]
+    set_to = await raw.post("/_standin/version", json={"model_version": 7})
+    assert set_to.json() == {"status": "success", "model_version": 7}
+    assert (await raw.post("/_standin/version", json={"model_version": -1})).status_code == 400
+    assert (await trinity.metrics())["rollout/model_0/model_version"] == 7
+
+
+async def test_a_stand_in_on_its_journal_goes_on_where_the_last_one_was(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.jsonl"
+    first = StandIn(journal=journal, sync_interval=1)
+    url = await first.start()
+    async with TrinityClient(url, timeout=2.0) as client:
+        ids = await serve(client, 4)
+        await client.feedback(ids[:2], 1.0)
+        await client.commit()
+        await client.feedback(ids[2:3], 0.5)  # ready, not committed yet
+    before = first.state.to_json()
+    await first.stop()
+    with journal.open("a") as fh:
+        fh.write('{"t": "exp", "msg_id": "torn')  # a kill in the middle of a write
+    second = StandIn(journal=journal, sync_interval=1)
+    url = await second.start()
+    try:
+        after = second.state.to_json()
+        for key in ("experiences", "ready", "trained", "explore_step", "model_version"):
+            assert after[key] == before[key], key
+        assert [f["body"] for f in after["feedback"]] == [f["body"] for f in before["feedback"]]
+        async with TrinityClient(url, timeout=2.0) as client:
+            await client.feedback(ids[2:], 1.0)  # ids[2] rewarded already: a no-op
+            await client.commit()
+        assert second.state.trained == [*ids[:2], *ids[2:]]
+        assert second.state.experiences[ids[3]].reward == 1.0
+        assert second.state.model_version == 2
+    finally:
+        await second.stop()
 
 
 # -- the blocking entry point ------------------------------------------------------------------

@@ -102,8 +102,12 @@ def llm_step(
     latency_ms: float,
     now: datetime,
     provider: str | None = None,
+    policy_version: int | None = None,
+    fallback: str | None = None,
+    error_type: str | None = None,
 ) -> Completion:
-    """The LLM step of one exchange, at seq ``len(request.messages)``."""
+    """The LLM step of one exchange, at seq ``len(request.messages)`` (``policy_version``,
+    ``fallback`` and ``error_type``: see :class:`~streams.models.Completion`)."""
     seq = len(request.messages)
     calls = answer.message.tool_calls
     return Completion(
@@ -124,6 +128,9 @@ def llm_step(
         tool_call_details=calls,
         latency_ms=latency_ms,
         upstream=upstream,
+        policy_version=policy_version,
+        fallback=fallback,
+        error_type=error_type,
     )
 
 

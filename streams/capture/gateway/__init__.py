@@ -16,7 +16,8 @@ Request headers (all optional): ``X-Trajstream-Agent-Name``, ``-Agent-Id``, ``-A
 ``-Conversation-Id``, and ``X-Trajstream-Mark``: a JSON training mark (``{"labels": [...],
 "task_id": "...", "run_id": 0, "metadata": {...}, "marked_at": "<ISO 8601>"}``, all optional).
 Response headers: ``X-Trajstream-Call-Id``, ``X-Trajstream-Upstream`` (trinity or production),
-``X-Trajstream-Selected`` and ``X-Trajstream-Seq`` (the step's seq).
+``X-Trajstream-Selected``, ``X-Trajstream-Seq`` (the step's seq) and, when production answered a
+request of a call routed to the policy, ``X-Trajstream-Fallback`` (why: :mod:`..fallback`).
 
 Steps and their ``seq``: an LLM step's seq is the position of its answer in the conversation
 (``len(messages)`` of its request); the ``tool`` messages that follow the last assistant message
@@ -28,13 +29,17 @@ process recorded for the call (``gateway.count_steps``), so replicas must be sti
 (hash on the ``/calls/{call_id}`` path) or run with ``count_steps = false``.
 
 The wiring: parse and validate (a bad request is an OpenAI-shaped 4xx and recorded nowhere),
-decide the route (:mod:`.routing`), forward, answer the agent, then queue the records on the
+decide the route (:mod:`.routing`), open Trinity's answer (or fall back to production), forward,
+answer the agent, then queue the records on the
 :class:`~.publisher.Publisher`, which never makes the agent wait for Kafka.
 
 The package, one seam a module (each imports only those before it):
 
 - :mod:`.requests`: a request's body, call id and START headers read and checked; error shapes;
 - :mod:`.calls`: the call table (step seqs, shadow answers on their way), the counters;
+- :mod:`.policy`: Trinity as an upstream that may fail: the fallback to production, the circuit
+  breaker, the policy's version (pure parts: :mod:`..breaker`, :mod:`..fallback`,
+  :mod:`..policy_version`);
 - :mod:`.upstream`: the two upstreams and the one send every route uses (502, 504);
 - :mod:`.state`: what every route shares (decision, publisher, the wait for the broker);
 - :mod:`.chat_routes`: chat completions, JSON and streamed, and shadow mode;

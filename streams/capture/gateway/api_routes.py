@@ -30,6 +30,13 @@ Which upstream answers:
   streamed) and Trinity's answer joins the recorded step (``Completion.shadow_*``: its
   ``shadow_response_id`` is the msg_id), as on the chat route.
 
+A request of a call routed to Trinity that Trinity cannot answer before any byte reached the
+client (refused, reset, 5xx, 429, 408, no first byte within ``gateway.policy_timeout_s``, the
+circuit breaker open, an earlier fallback of the call) is answered by production instead, with
+the client's bytes, as on the chat route (:mod:`.policy`); without a production upstream for
+the API (``gateway.anthropic_url`` unset) Trinity's failure reaches the client in the API's
+shape.
+
 ``previous_response_id`` works within a call: the gateway keeps the call's items
 (:class:`.apis.ItemStore`, bounded by ``gateway.responses_calls``), whichever upstream
 answered; a response it does not have is answered 400 ``previous_response_not_found``. On
@@ -66,6 +73,7 @@ from ..apis.sse import HoldLast
 from .api_shapes import Api, Exchange, Messages, Responses, Which
 from .calls import CallState
 from .chat_routes import ChatRoutes
+from .policy import PolicyFallback
 from .upstream import upstream_failed
 
 __all__ = ["ApiRoutes"]
@@ -95,13 +103,14 @@ class ApiRoutes:
     # -- the two APIs ---------------------------------------------------------------------------
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        """OpenAI's Responses API (JSON or streamed), routed and recorded like chat
-        completions (``previous_response_id`` resolved from the items the gateway keeps)."""
+        """OpenAI's Responses API (JSON or streamed), routed, falling back and recorded like
+        chat completions (``previous_response_id`` resolved from the items the gateway
+        keeps)."""
         return await self._handle(request, Responses(self, request))
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        """Anthropic's Messages API (JSON or streamed), routed and recorded like chat
-        completions (production: ``gateway.anthropic_url``)."""
+        """Anthropic's Messages API (JSON or streamed), routed, falling back and recorded like
+        chat completions (production: ``gateway.anthropic_url``)."""
         return await self._handle(request, Messages(self, request))
 
     # -- the flow both share --------------------------------------------------------------------
@@ -153,20 +162,52 @@ class ApiRoutes:
             # Trinity answers the translated request meanwhile; its answer joins the step
             state.await_shadow(seq, asyncio.ensure_future(gw._shadow(call_id, parsed.chat)))
         exchange = Exchange(api, call_id, parsed, state, which, headers, path_call)
-        if parsed.stream:
-            return await self._stream(request, raw, exchange)
-        return await self._json(raw, exchange)
+        try:
+            if parsed.stream:
+                return await self._stream(request, raw, exchange)
+            return await self._json(raw, exchange)
+        finally:  # a policy answer whose outcome was not told: its probe slot is free again
+            if exchange.policy is not None:
+                gw.policy.release(exchange.policy)
 
     async def _post(self, exchange: Exchange, raw: bytes) -> aiohttp.ClientResponse:
-        """Through the gateway's one upstream send: Trinity gets the chat completions
-        translation (a streamed one asking for usage), production the client's bytes."""
-        gw = self.gateway
-        if exchange.which == "trinity":
-            assert exchange.parsed.chat is not None
-            upstream, _ = await gw._send("trinity", exchange.parsed.chat)
-            return upstream
+        """Production, through the gateway's one upstream send, with the client's bytes."""
         url, headers = exchange.api.production(exchange.request_headers)
-        return await gw._post("production", url, headers, raw)
+        return await self.gateway._post("production", url, headers, raw)
+
+    async def _ask_policy(self, exchange: Exchange, *, stream: bool) -> web.Response | None:
+        """Trinity's answer to the chat completions translation (a streamed one asking for
+        usage), opened into ``exchange.policy``; or production's turn (``exchange.which``,
+        the headers and the call's fallback say so); or, without a production upstream for
+        this API, Trinity's failure in the API's shape (returned)."""
+        gw = self.gateway
+        assert exchange.parsed.chat is not None
+        url, headers, data, _ = gw._outgoing("trinity", exchange.parsed.chat)
+        exchange.began = time.perf_counter()
+        try:
+            exchange.policy = await gw.policy.open(
+                exchange.state.fallback, url, headers, data, stream=stream, verify=True
+            )
+        except PolicyFallback as exc:
+            return self._fall_back(exchange, exc)
+        return None
+
+    def _fall_back(self, exchange: Exchange, exc: PolicyFallback) -> web.Response | None:
+        """Production answers this request (None), or cannot: the failure (returned)."""
+        exchange.policy = None
+        if not exchange.api.has_production():
+            status = 504 if exc.reason == "timeout" else 502 if exc.reason == "connect" else 503
+            return self._failed(
+                exchange, status, f"the trinity model cannot answer ({exc})", "api_error"
+            )
+        gw = self.gateway
+        if exchange.state.fallback is None:
+            exchange.state.fallback = exc.reason
+        gw.policy.fell_back(exc.reason, exchange.api.label)
+        exchange.which, exchange.fallback = "production", exc.reason
+        exchange.headers["X-Trajstream-Upstream"] = "production"
+        exchange.headers["X-Trajstream-Fallback"] = exc.reason
+        return None
 
     def _not_durable(self, exchange: Exchange) -> web.Response:
         """acked mode, the broker silent: 503 in the API's shape (the client retries)."""
@@ -190,49 +231,70 @@ class ApiRoutes:
     async def _refused_by_upstream(
         self, exchange: Exchange, upstream: aiohttp.ClientResponse
     ) -> web.Response:
-        """An upstream's non-200 answer: production's as it came, Trinity's in the API's shape."""
+        """Production's non-200 answer, as it came."""
         try:
             data = await upstream.read()
         except (TimeoutError, aiohttp.ClientError):
             data = b""
-        if exchange.which == "trinity":
-            text = data[:300].decode(errors="replace")
-            return self._failed(
-                exchange,
-                upstream.status,
-                f"Trinity answered {upstream.status}: {text}",
-                "api_error",
-            )
         self.gateway.stats.upstream_errors += 1
         response = web.Response(status=upstream.status, body=data, headers=exchange.headers)
         response.headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
         return response
 
+    def _refused_by_trinity(self, exchange: Exchange, status: int, data: bytes) -> web.Response:
+        """Trinity's non-200 answer that is no failure (the request's own fault, a 4xx), in
+        the API's shape."""
+        text = data[:300].decode(errors="replace")
+        return self._failed(exchange, status, f"Trinity answered {status}: {text}", "api_error")
+
     async def _json(self, raw: bytes, exchange: Exchange) -> web.StreamResponse:
-        began = time.perf_counter()
-        try:
-            upstream = await self._post(exchange, raw)
-            async with upstream:
-                if upstream.status != 200:
-                    return await self._refused_by_upstream(exchange, upstream)
-                data = await upstream.read()
-        except UpstreamFailed as exc:
-            return self._failed(exchange, exc.status, str(exc), exc.type_)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            failed = upstream_failed(exchange.which, exc, "broke off")
-            return self._failed(exchange, failed.status, str(failed), failed.type_)
-        latency = (time.perf_counter() - began) * 1000
-        self.gateway.stats.answered[exchange.which] += 1
-        try:
-            answer_json = json.loads(data)
-            if not isinstance(answer_json, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            if exchange.which == "trinity":
-                return self._failed(
-                    exchange, 502, f"Trinity's answer is not JSON: {exc}", "api_error"
+        gw = self.gateway
+        answer_json: dict[str, Any] | None = None
+        if exchange.which == "trinity":
+            refused = await self._ask_policy(exchange, stream=False)
+            if refused is not None:
+                return refused
+        opened = exchange.policy
+        if opened is not None:
+            if opened.status != 200:
+                return self._refused_by_trinity(exchange, opened.status, opened.body)
+            try:
+                parsed = json.loads(opened.body)
+                if not isinstance(parsed, dict):
+                    raise ValueError("not a JSON object")
+                answer_json = parsed
+                gw.policy.answered(opened)
+            except ValueError as exc:
+                refused = self._fall_back(
+                    exchange, gw.policy.bad_answer(opened, f"the answer is not JSON: {exc}")
                 )
-            answer_json = None
+                if refused is not None:
+                    return refused
+        data = b""
+        if exchange.policy is not None:  # Trinity answered: told in the API's shape below
+            began = exchange.began
+        else:
+            began = time.perf_counter()
+            try:
+                upstream = await self._post(exchange, raw)
+                async with upstream:
+                    if upstream.status != 200:
+                        return await self._refused_by_upstream(exchange, upstream)
+                    data = await upstream.read()
+            except UpstreamFailed as exc:
+                return self._failed(exchange, exc.status, str(exc), exc.type_)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                failed = upstream_failed(exchange.which, exc, "broke off")
+                return self._failed(exchange, failed.status, str(failed), failed.type_)
+            try:
+                production_json = json.loads(data)
+                if isinstance(production_json, dict):
+                    answer_json = production_json
+            except ValueError:
+                pass
+        latency = (time.perf_counter() - began) * 1000
+        gw.stats.answered[exchange.which] += 1
+        told: dict[str, Any] | None
         if exchange.which == "trinity":
             assert answer_json is not None
             told = exchange.api.from_chat(answer_json, exchange.parsed)
@@ -246,18 +308,29 @@ class ApiRoutes:
         if told is not None and answer is not None:
             exchange.api.remember(exchange, told)
             ack = self._record(exchange, answer, latency)
-            if not await self.gateway._durable(ack):
+            if not await gw._durable(ack):
                 return self._not_durable(exchange)
         return response
 
     async def _stream(
         self, request: web.Request, raw: bytes, exchange: Exchange
     ) -> web.StreamResponse:
-        began = time.perf_counter()
-        try:
-            upstream = await self._post(exchange, raw)
-        except UpstreamFailed as exc:
-            return self._failed(exchange, exc.status, str(exc), exc.type_)
+        if exchange.which == "trinity":
+            refused = await self._ask_policy(exchange, stream=True)
+            if refused is not None:
+                return refused
+        opened = exchange.policy
+        first = b""
+        if opened is not None:  # Trinity's stream, its first bytes read
+            if opened.status != 200:
+                return self._refused_by_trinity(exchange, opened.status, opened.body)
+            began, upstream, first = exchange.began, opened.response, opened.body
+        else:
+            began = time.perf_counter()
+            try:
+                upstream = await self._post(exchange, raw)
+            except UpstreamFailed as exc:
+                return self._failed(exchange, exc.status, str(exc), exc.type_)
         api = exchange.api
         async with upstream:
             if upstream.status != 200:
@@ -270,22 +343,52 @@ class ApiRoutes:
             assembler = api.assembler() if translate is None else None
             acked = self.gateway.acked
             hold = HoldLast() if acked and translate is None else None  # the terminal event
+            broke: BaseException | None = None
             try:
-                async for chunk in upstream.content.iter_any():
-                    if translate is not None:
-                        out = translate.feed(chunk)
-                    else:
-                        assembler.feed(chunk)  # type: ignore[union-attr]
-                        out = hold.feed(chunk) if hold is not None else chunk
-                    if out:
-                        await response.write(out)
-            except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
-                # the client saw a broken stream; nothing is recorded
-                log.warning("stream of call %s broke off: %s", exchange.call_id, type(exc).__name__)
+                chunk, chunks = first, upstream.content.iter_any().__aiter__()
+                while True:
+                    if chunk:
+                        if translate is not None:
+                            out = translate.feed(chunk)
+                        else:
+                            assembler.feed(chunk)  # type: ignore[union-attr]
+                            out = hold.feed(chunk) if hold is not None else chunk
+                        if out:
+                            await response.write(out)
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except (TimeoutError, aiohttp.ClientError) as exc:  # the upstream's side
+                        broke = exc
+                        break
+            except (aiohttp.ClientError, ConnectionResetError) as exc:  # the agent went away
+                log.warning("the agent of call %s left its stream: %s", exchange.call_id, exc)
+                return response
+            if broke is not None:
+                # the client saw a broken stream; a Trinity step is recorded as failed
+                log.warning(
+                    "stream of call %s broke off: %s", exchange.call_id, type(broke).__name__
+                )
                 if translate is not None:
                     with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
-                        await response.write(translate.fail(f"the Trinity stream broke off: {exc}"))
+                        await response.write(
+                            translate.fail(f"the Trinity stream broke off: {broke}")
+                        )
+                    assert opened is not None
+                    error_type = self.gateway.policy.broke(opened, broke)
+                    ack = None
+                    with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
+                        ack = self._record(
+                            exchange,
+                            answer_of_chat(translate.completion()),
+                            (time.perf_counter() - began) * 1000,
+                            error_type=error_type,
+                        )
+                    await self.gateway._durable(ack)
                 return response
+            if opened is not None:
+                self.gateway.policy.answered(opened)
             tail = translate.finish() if translate is not None else b""
             if hold is not None:
                 tail = hold.release()
@@ -317,7 +420,12 @@ class ApiRoutes:
         return response
 
     def _record(
-        self, exchange: Exchange, answer: Answer, latency_ms: float
+        self,
+        exchange: Exchange,
+        answer: Answer,
+        latency_ms: float,
+        *,
+        error_type: str | None = None,
     ) -> Awaitable[Any] | None:
         """Record the step; returns what is done once it is on the broker."""
         return self._publish_step(
@@ -329,6 +437,7 @@ class ApiRoutes:
             latency_ms=latency_ms,
             one_step=exchange.path_call is None,
             provider=exchange.api.provider if exchange.which == "production" else None,
+            marks=exchange.marks(error_type),
         )
 
     def _publish_step(
@@ -342,6 +451,7 @@ class ApiRoutes:
         latency_ms: float,
         one_step: bool,
         provider: str | None = None,
+        marks: dict[str, Any] | None = None,
     ) -> Awaitable[Any] | None:
         gw = self.gateway
         now = utcnow()
@@ -353,6 +463,7 @@ class ApiRoutes:
             latency_ms=latency_ms,
             now=now,
             provider=provider,
+            **(marks or {}),
         )
         if state.has(step.seq) and not one_step:
             # a retried request: the first answer is the step (on the broker with what is queued)

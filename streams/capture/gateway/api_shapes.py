@@ -2,7 +2,7 @@
 routes (:mod:`.api_routes`): how a request is parsed, where production is, how an answer is
 read and told back, the API's error shapes, what a response leaves for the next request.
 
-May import: what :mod:`.api_routes` imports but the routes, and :mod:`.calls`.
+May import: what :mod:`.api_routes` imports but the routes, :mod:`.calls` and :mod:`.policy`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from ..apis import responses as responses_api
 from ..apis.responses_json import error_body as responses_error
 from ..apis.sse import encode_event
 from .calls import CallState
+from .policy import PolicyAnswer
 
 __all__ = ["Api", "Exchange", "Messages", "Responses", "Which"]
 
@@ -74,16 +75,35 @@ class Exchange:
     which: Which
     headers: dict[str, str]
     path_call: str | None
+    policy: PolicyAnswer | None = None
+    """Trinity's answer, opened (its first bytes read) before anything reached the client."""
+    fallback: str | None = None
+    """Why production answers this request of a call routed to Trinity."""
+    began: float = 0.0
+    """When Trinity's answer was asked for (``time.perf_counter()``)."""
 
     @property
     def request_headers(self) -> Any:
         return self.api.request.headers
+
+    def marks(self, error_type: str | None = None) -> dict[str, Any]:
+        """The step's ``policy_version``, ``fallback`` and ``error_type`` (those set)."""
+        out: dict[str, Any] = {}
+        if self.fallback is not None:
+            out["fallback"] = self.fallback
+        if self.policy is not None and self.policy.version is not None:
+            out["policy_version"] = self.policy.version
+        if error_type is not None:
+            out["error_type"] = error_type
+        return out
 
 
 class Api:
     """What differs between the two APIs."""
 
     provider = ""
+    label = ""
+    """The ``api`` label of the gateway's metrics."""
     no_production = ""
 
     def __init__(self, routes: Routes, request: web.Request) -> None:
@@ -130,6 +150,7 @@ class Api:
 
 class Responses(Api):
     provider = "openai"
+    label = "responses"
     no_production = "gateway.production_url is not set"
 
     def error(self, message: str, *, kind: str = "invalid_request_error") -> dict[str, Any]:
@@ -217,6 +238,7 @@ class Responses(Api):
 
 class Messages(Api):
     provider = "anthropic"
+    label = "messages"
     no_production = (
         "gateway.anthropic_url [TRAJSTREAM_GATEWAY__ANTHROPIC_URL] is not set: this request is "
         "not routed to Trinity and there is no Anthropic upstream"

@@ -103,6 +103,7 @@ class Gateway(ChatRoutes):
             auto_decompress=False,
         )
         await self.publisher.start()
+        self.policy.start()  # the policy's version, read in the background
         if self.follower is not None:  # gateway.rollout: the shares in force before any call
             await self.follower.start()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
@@ -122,6 +123,7 @@ class Gateway(ChatRoutes):
             await self._runner.cleanup()
         if self._background:
             await asyncio.wait(self._background, timeout=self.config.timeout_s)
+        await self.policy.stop()
         if self._session is not None:
             await self._session.close()
         if self.follower is not None:
@@ -186,7 +188,7 @@ class Gateway(ChatRoutes):
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         """The model list of the upstream that would answer the call (production without a
-        call id), as that upstream answers it."""
+        call id, or while the call's requests fall back), as that upstream answers it."""
         call_id = self._call_id(request)
         which = "production"
         if call_id is not None:
@@ -199,6 +201,10 @@ class Gateway(ChatRoutes):
                 )
             )
             which = route.upstream
+            if which == "trinity" and (
+                (state is not None and state.fallback is not None) or not self.policy.available
+            ):
+                which = "production"
         assert self._session is not None
         if which == "trinity":
             url, headers = f"{self.trinity_url}/v1/models", {}
@@ -316,8 +322,11 @@ class Gateway(ChatRoutes):
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _health(self, request: web.Request) -> web.Response:
-        """The gateway's counters and its publisher's state as JSON: ``status`` ok, or degraded
-        while Kafka is unreachable (still serving); no client key needed."""
+        """The gateway's counters, its publisher's state and the policy's (``policy``: the
+        circuit breaker's state, since when and why, the last error, the version, fallbacks
+        by reason) as JSON: ``status`` ok, or degraded while Kafka is unreachable (still
+        serving); a policy that fails changes no status (production answers); no client key
+        needed."""
         await self.publisher.refresh()
         kafka_down = self.publisher.unreachable_since is not None
         return web.json_response(
@@ -338,6 +347,7 @@ class Gateway(ChatRoutes):
                 "ack_timeouts": self.stats.ack_timeouts,
                 "handover_timeouts": self.stats.handover_timeouts,
                 "publisher": self.publisher.health(),
+                "policy": self.policy.health(),
             }
         )
 

@@ -34,6 +34,9 @@ class CallState:
     """shadow mode: the steps waiting for Trinity's answer (None: none yet)"""
     shadows: dict[int, asyncio.Future[tuple[dict[str, Any], float] | None]] | None = None
     """shadow mode: Trinity's answer on its way, by the seq of the step it joins"""
+    fallback: str | None = None
+    """route mode, a call routed to Trinity: why its first request that fell back did (from
+    then on production answers the call: ``sticky``)"""
 
     def has(self, seq: int) -> bool:
         """Whether step ``seq`` is recorded."""

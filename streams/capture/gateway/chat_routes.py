@@ -2,6 +2,12 @@
 parse, decide the route, forward (JSON or the stream chunk by chunk, asking for usage), answer,
 record; in shadow mode Trinity's answer to the same request joins the recorded step.
 
+A request of a call routed to Trinity goes through :meth:`.policy.PolicyUpstream.open` first:
+when Trinity cannot answer it before any byte reached the client, production answers it
+(``X-Trajstream-Upstream: production``, ``X-Trajstream-Fallback: <reason>``, the step recorded
+with ``fallback``), and the rest of the call too (``sticky``). A Trinity stream that breaks
+after its first bytes ends with an error event, and its step is recorded with ``error_type``.
+
 May import: what :mod:`.state` imports, and :mod:`.state`.
 """
 
@@ -25,9 +31,47 @@ from ...models import Completion, utcnow
 from ..chat import StreamAssembler, llm_step, steps_of_request
 from ..jobs import start_job, step_job
 from .calls import CallState, Timing, one_step_end
+from .policy import PolicyAnswer, PolicyFallback
 from .requests import parse_messages
 from .state import GatewayState
 from .upstream import upstream_failed
+
+
+class Answering:
+    """Who answers one request: ``which`` upstream, Trinity's answer already opened (its first
+    bytes read), or why production answers a call routed to Trinity (``fallback``)."""
+
+    __slots__ = ("asked", "began", "fallback", "policy", "which")
+
+    def __init__(
+        self,
+        which: str,
+        policy: PolicyAnswer | None = None,
+        fallback: str | None = None,
+        asked: bool = True,
+        began: float = 0.0,
+    ) -> None:
+        self.which = which
+        self.policy = policy
+        self.fallback = fallback
+        self.asked = asked
+        """Trinity's stream: whether the client asked for usage itself (else it is stripped)."""
+        self.began = began
+        """Trinity's answer: when it was asked for (``time.perf_counter()``)."""
+
+    def marks(self) -> dict[str, Any] | None:
+        """The step's ``policy_version`` or ``fallback`` (None: neither)."""
+        if self.fallback is not None:
+            return {"fallback": self.fallback}
+        if self.policy is not None and self.policy.version is not None:
+            return {"policy_version": self.policy.version}
+        return None
+
+
+def stream_error_event(message: str, code: str) -> bytes:
+    """An error event in a chat completions stream (the openai SDK raises an APIError on it)."""
+    error = {"message": message, "type": "server_error", "param": None, "code": code}
+    return f"data: {json.dumps({'error': error})}\n\n".encode()
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +80,9 @@ class ChatRoutes(GatewayState):
     """The chat completions routes, on the gateway's shared state."""
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        """OpenAI chat completions (JSON or streamed): routed to Trinity or production, the
-        step recorded; without a call id in the path, a call of one step."""
+        """OpenAI chat completions (JSON or streamed): routed to Trinity or production (to
+        production when Trinity cannot answer a call routed to it: ``X-Trajstream-Fallback``
+        says why), the step recorded; without a call id in the path, a call of one step."""
         began = time.perf_counter()
         timing = Timing()  # the forwarders note the time spent waiting on the upstream
         response = await self._chat_inner(request, timing)
@@ -74,11 +119,56 @@ class ChatRoutes(GatewayState):
         if route.shadow and not state.has(len(messages)):
             # Trinity answers the same request meanwhile; its answer joins the recorded step
             state.await_shadow(len(messages), asyncio.ensure_future(self._shadow(call_id, body)))
-        if body.get("stream"):
-            return await self._forward_stream(
-                raw, request, call_id, body, state, headers, path_call, timing
+        stream = body.get("stream") is True
+        answering = (
+            await self._ask_policy(body, raw, state, headers, timing, stream)
+            if route.upstream == "trinity"
+            else Answering(route.upstream)
+        )
+        try:
+            if stream:
+                return await self._forward_stream(
+                    raw, request, call_id, body, state, headers, path_call, timing, answering
+                )
+            return await self._forward_json(
+                raw, call_id, body, state, headers, path_call, timing, answering
             )
-        return await self._forward_json(raw, call_id, body, state, headers, path_call, timing)
+        finally:  # a policy answer whose outcome was not told: its probe slot is free again
+            if answering.policy is not None:
+                self.policy.release(answering.policy)
+
+    async def _ask_policy(
+        self,
+        body: dict[str, Any],
+        raw: bytes,
+        state: CallState,
+        headers: dict[str, str],
+        timing: Timing,
+        stream: bool,
+    ) -> Answering:
+        """Trinity's answer opened, or production's turn: the call's fallback noted (sticky),
+        the headers say so, the time spent on Trinity counted as the upstream's."""
+        url, upstream_headers, data, asked = self._outgoing("trinity", body, raw)
+        began = time.perf_counter()
+        try:
+            answer = await self.policy.open(
+                state.fallback, url, upstream_headers, data, stream=stream
+            )
+        except PolicyFallback as exc:
+            return self._fall_back(exc.reason, state, headers, "chat")
+        finally:
+            timing.upstream_s += time.perf_counter() - began
+        return Answering("trinity", answer, asked=asked, began=began)
+
+    def _fall_back(
+        self, reason: str, state: CallState, headers: dict[str, str], api: str
+    ) -> Answering:
+        if state.fallback is None:
+            state.fallback = reason
+        self.policy.fell_back(reason, api)
+        headers["X-Trajstream-Upstream"] = "production"
+        headers["X-Trajstream-Fallback"] = reason
+        return Answering("production", fallback=reason)
 
 
     def _record(
@@ -92,9 +182,11 @@ class ChatRoutes(GatewayState):
         upstream: str,
         latency_ms: float,
         one_step: bool,
+        marks: dict[str, Any] | None = None,
     ) -> Awaitable[Any] | None:
         """Record the answer the client saw (in shadow mode once Trinity's answer joins it);
-        returns what is done once it is on the broker."""
+        returns what is done once it is on the broker. ``marks``: the step's
+        ``policy_version``, ``fallback`` or ``error_type``."""
         now = utcnow()
         seq = len(body["messages"])  # llm_step's seq, known before the step is built
         if state.has(seq) and not one_step:
@@ -105,13 +197,16 @@ class ChatRoutes(GatewayState):
         if shadow is None:  # built and encoded by the recorder, after the answer was sent
             job = step_job(
                 call_id, raw, answer, upstream=upstream, latency_ms=latency_ms, now=now,
-                one_step=one_step,
+                one_step=one_step, marks=marks,
             )  # fmt: skip
             return self._on_broker(self.publisher.publish_job(call_id, job))
         parsed = json.loads(answer) if isinstance(answer, bytes) else answer
         if not isinstance(parsed, dict):
             raise ValueError("the answer is not a JSON object")
-        step = llm_step(call_id, body, parsed, upstream=upstream, latency_ms=latency_ms, now=now)
+        step = llm_step(
+            call_id, body, parsed, upstream=upstream, latency_ms=latency_ms, now=now,
+            **(marks or {}),
+        )  # fmt: skip
         task = self._spawn(self._join_shadow(step, body, shadow, one_step))
         state.watch(task)
         return self._after(task) if self.acked else None  # nobody waits when buffered
@@ -157,24 +252,30 @@ class ChatRoutes(GatewayState):
         headers: dict[str, str],
         path_call: str | None,
         timing: Timing,
+        answering: Answering,
     ) -> web.StreamResponse:
-        route = state.route
-        began = time.perf_counter()
-        try:
-            upstream, _ = await self._send(route.upstream, body, raw)
-            async with upstream:
-                data = await upstream.read()
-            timing.upstream_s = time.perf_counter() - began
-        except UpstreamFailed as exc:
-            return self._upstream_error(exc, headers)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return self._upstream_error(upstream_failed(route.upstream, exc, "broke off"), headers)
+        which = answering.which
+        opened = answering.policy
+        if opened is not None:  # Trinity's answer, read whole within policy_timeout_s
+            began = answering.began
+            status, data, got = opened.status, opened.body, opened.headers
+        else:
+            began = time.perf_counter()
+            try:
+                upstream, _ = await self._send(which, body, raw)
+                async with upstream:
+                    data = await upstream.read()
+            except UpstreamFailed as exc:
+                return self._upstream_error(exc, headers)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                return self._upstream_error(upstream_failed(which, exc, "broke off"), headers)
+            status, got = upstream.status, upstream.headers
+            timing.upstream_s += time.perf_counter() - began
         latency = (time.perf_counter() - began) * 1000
-        content_type = upstream.headers.get("Content-Type", "application/json")
-        response = web.Response(status=upstream.status, body=data, headers=headers)
-        response.headers["Content-Type"] = content_type
-        if upstream.status == 200:
-            self.stats.answered[route.upstream] += 1
+        response = web.Response(status=status, body=data, headers=headers)
+        response.headers["Content-Type"] = got.get("Content-Type", "application/json")
+        if status == 200:
+            self.stats.answered[which] += 1
             ack = None
             with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
                 ack = self._record(  # the answer is read by the recorder
@@ -183,9 +284,10 @@ class ChatRoutes(GatewayState):
                     raw,
                     data,
                     state,
-                    upstream=route.upstream,
+                    upstream=which,
                     latency_ms=latency,
                     one_step=path_call is None,
+                    marks=answering.marks(),
                 )
             if not await self._durable(ack):
                 return self._not_durable(headers)
@@ -203,13 +305,26 @@ class ChatRoutes(GatewayState):
         headers: dict[str, str],
         path_call: str | None,
         timing: Timing,
+        answering: Answering,
     ) -> web.StreamResponse:
-        route = state.route
-        began = time.perf_counter()
-        try:  # usage on every stream: asked for; stripped from a client that did not ask
-            upstream, asked = await self._send(route.upstream, body, raw)
-        except UpstreamFailed as exc:
-            return self._upstream_error(exc, headers)
+        which = answering.which
+        opened = answering.policy
+        began = answering.began if opened is not None else time.perf_counter()
+        first = b""
+        if opened is not None:  # Trinity's stream, its first bytes read within policy_timeout_s
+            if opened.status != 200:  # a refusal that is no failure: as Trinity answered it
+                self.stats.upstream_errors += 1
+                refused = web.Response(status=opened.status, body=opened.body, headers=headers)
+                refused.headers["Content-Type"] = opened.headers.get(
+                    "Content-Type", "application/json"
+                )
+                return refused
+            upstream, first, asked = opened.response, opened.body, answering.asked
+        else:
+            try:  # usage on every stream: asked for; stripped from a client that did not ask
+                upstream, asked = await self._send(which, body, raw)
+            except UpstreamFailed as exc:
+                return self._upstream_error(exc, headers)
         async with upstream:
             if upstream.status != 200:
                 self.stats.upstream_errors += 1
@@ -217,12 +332,13 @@ class ChatRoutes(GatewayState):
                     data = await upstream.read()
                 except (TimeoutError, aiohttp.ClientError):
                     data = b""
-                response = web.Response(status=upstream.status, body=data, headers=headers)
-                response.headers["Content-Type"] = upstream.headers.get(
+                refused = web.Response(status=upstream.status, body=data, headers=headers)
+                refused.headers["Content-Type"] = upstream.headers.get(
                     "Content-Type", "application/json"
                 )
-                return response
-            waited = time.perf_counter() - began  # the upstream's time: to its headers, ...
+                return refused
+            # the upstream's time: to its headers (Trinity's: counted already), ...
+            waited = 0.0 if opened is not None else time.perf_counter() - began
             response = web.StreamResponse(status=200, headers=headers)
             response.headers["Content-Type"] = upstream.headers.get(
                 "Content-Type", "text/event-stream"
@@ -232,29 +348,41 @@ class ChatRoutes(GatewayState):
             # the terminal event is held until the records are handed over (buffered) or on
             # the broker (acked)
             assembler = StreamAssembler(strip_usage=not asked, hold_done=True)
+            broke: BaseException | None = None
             try:
-                chunks = upstream.content.iter_any().__aiter__()
+                chunk, chunks = first, upstream.content.iter_any().__aiter__()
                 while True:
+                    if chunk:
+                        forwarded = assembler.feed(chunk)
+                        if forwarded:
+                            await response.write(forwarded)
                     t = time.perf_counter()
                     try:
                         chunk = await chunks.__anext__()
                     except StopAsyncIteration:
                         waited += time.perf_counter() - t
                         break
+                    except (TimeoutError, aiohttp.ClientError) as exc:  # the upstream's side
+                        broke = exc
+                        break
                     waited += time.perf_counter() - t  # ... and each wait for its next bytes
-                    forwarded = assembler.feed(chunk)
-                    if forwarded:
-                        await response.write(forwarded)
-                timing.upstream_s, timing.stream = waited, True
-                rest = assembler.rest()
-                if rest:
-                    await response.write(rest)
-            except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as exc:
-                # the agent saw a broken stream; nothing is recorded
-                log.warning("stream of call %s broke off: %s", call_id, type(exc).__name__)
+                if broke is None:
+                    timing.upstream_s, timing.stream = timing.upstream_s + waited, True
+                    rest = assembler.rest()
+                    if rest:
+                        await response.write(rest)
+            except (aiohttp.ClientError, ConnectionResetError) as exc:  # the agent went away
+                log.warning("the agent of call %s left its stream: %s", call_id, exc)
                 return response
+            if broke is not None:
+                return await self._stream_broke(
+                    broke, response, call_id, body, raw, state, path_call, answering, assembler,
+                    began,
+                )  # fmt: skip
+            if opened is not None:
+                self.policy.answered(opened)
             latency = (time.perf_counter() - began) * 1000
-            self.stats.answered[route.upstream] += 1
+            self.stats.answered[which] += 1
             ack = None
             if assembler.done:
                 with contextlib.suppress(pydantic.ValidationError):
@@ -264,27 +392,71 @@ class ChatRoutes(GatewayState):
                         raw,
                         assembler.completion(),
                         state,
-                        upstream=route.upstream,
+                        upstream=which,
                         latency_ms=latency,
                         one_step=path_call is None,
+                        marks=answering.marks(),
                     )
             # the stream's end only once its records are handed over (buffered) / acked
             with contextlib.suppress(ConnectionResetError):
                 if await self._durable(ack):
                     await response.write(assembler.done_event)
                 else:
-                    error = {
-                        "error": {
-                            "message": "the answer could not be recorded (gateway."
-                            "durability = acked; the broker did not acknowledge)",
-                            "type": "server_error",
-                            "param": None,
-                            "code": "recording_unavailable",
-                        }
-                    }
-                    await response.write(f"data: {json.dumps(error)}\n\n".encode())
+                    await response.write(
+                        stream_error_event(
+                            "the answer could not be recorded (gateway.durability = acked; "
+                            "the broker did not acknowledge)",
+                            "recording_unavailable",
+                        )
+                    )
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
+        return response
+
+    async def _stream_broke(
+        self,
+        exc: BaseException,
+        response: web.StreamResponse,
+        call_id: str,
+        body: dict[str, Any],
+        raw: bytes,
+        state: CallState,
+        path_call: str | None,
+        answering: Answering,
+        assembler: StreamAssembler,
+        began: float,
+    ) -> web.StreamResponse:
+        """The upstream's stream broke after its first bytes reached the agent: no fallback is
+        possible. The agent gets an error event; a Trinity step is recorded as it got that far,
+        with ``error_type`` (its call is not trained)."""
+        log.warning("stream of call %s broke off: %s", call_id, type(exc).__name__)
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+            await response.write(
+                stream_error_event(
+                    f"the {answering.which} model's stream broke off: {type(exc).__name__}",
+                    "upstream_error",
+                )
+            )
+        if answering.policy is None:
+            return response  # production's broken stream: recorded nowhere, as before
+        error_type = self.policy.broke(answering.policy, exc)
+        ack = None
+        with contextlib.suppress(ValueError, TypeError, pydantic.ValidationError):
+            marks: dict[str, Any] = {"error_type": error_type}
+            if answering.policy.version is not None:
+                marks["policy_version"] = answering.policy.version
+            ack = self._record(
+                call_id,
+                body,
+                raw,
+                assembler.completion(),
+                state,
+                upstream="trinity",
+                latency_ms=(time.perf_counter() - began) * 1000,
+                one_step=path_call is None,
+                marks=marks,
+            )
+        await self._durable(ack)
         return response
 
     async def _shadow(
@@ -293,18 +465,23 @@ class ChatRoutes(GatewayState):
         """The same request to Trinity (not streamed): its answer and latency, None on failure."""
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         began = time.perf_counter()
-        try:
-            upstream, _ = await self._send("trinity", shadow_body)
-            async with upstream:
-                data = await upstream.read()
-                if upstream.status != 200:
-                    raise UpstreamFailed(upstream.status, data[:200].decode(errors="replace"), "")
-            answer = json.loads(data)
+        try:  # bounded as a routed request is (policy_timeout_s), held back by the breaker
+            url, headers, data, _ = self._outgoing("trinity", shadow_body)
+            opened = await self.policy.open(None, url, headers, data, stream=False)
+            if opened.status != 200:
+                raise UpstreamFailed(
+                    opened.status, opened.body[:200].decode(errors="replace"), ""
+                )
+            answer = json.loads(opened.body)
             if not isinstance(answer, dict):
                 raise ValueError("the answer is not a JSON object")
             return answer, (time.perf_counter() - began) * 1000
         except asyncio.CancelledError:
             raise
+        except PolicyFallback as exc:  # the breaker logs its changes, not each request
+            self.stats.shadow_failures += 1
+            log.debug("shadow request of call %s to Trinity failed: %s", call_id, exc)
+            return None
         except Exception as exc:
             self.stats.shadow_failures += 1
             log.warning("shadow request of call %s to Trinity failed: %s", call_id, exc)

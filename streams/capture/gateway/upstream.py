@@ -1,7 +1,9 @@
 """The upstream models: where a request goes (Trinity's chat completions, production's), the
-one send every route uses, and the failures it answers with (502, 504).
+one send every route uses, and the failures it answers with (502, 504). Trinity's side, which
+may fail and then hands the request to production, is :class:`.policy.PolicyUpstream`.
 
-May import: aiohttp, settings, :mod:`streams.errors`, :mod:`..chat`, :mod:`.requests`.
+May import: aiohttp, settings, :mod:`streams.errors`, :mod:`..chat`, :mod:`.requests`,
+:mod:`.policy`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from aiohttp import web
 from ...errors import UpstreamFailed
 from ...settings import GatewaySettings, Settings
 from ..chat import ask_usage
+from .policy import PolicyUpstream
 from .requests import openai_error
 
 
@@ -49,6 +52,8 @@ class Upstreams:
         key = self.config.production_api_key
         self._production_key = key.get_secret_value() if key is not None else None
         self._session: aiohttp.ClientSession | None = None
+        self.policy = PolicyUpstream(settings, lambda: self._session)
+        """Trinity as an upstream that may fail: fallback, circuit breaker, version."""
 
     def _upstream(
         self, which: str, body: dict[str, Any], raw: bytes | None = None
@@ -76,18 +81,26 @@ class Upstreams:
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise upstream_failed(which, exc, "could not be reached") from None
 
-    async def _send(
+    def _outgoing(
         self, which: str, body: dict[str, Any], raw: bytes | None = None
-    ) -> tuple[aiohttp.ClientResponse, bool]:
-        """A chat completions request to ``which``; a streamed one asks for the usage chunk
-        (usage on every stream). Returns the answer and whether the client asked for usage
-        itself: when not, the route strips that chunk from what the client is sent."""
+    ) -> tuple[str, dict[str, str], bytes, bool]:
+        """A chat completions request to ``which``: its URL, headers and bytes; a streamed one
+        asks for the usage chunk (usage on every stream). The last item says whether the client
+        asked for usage itself: when not, the route strips that chunk from what it is sent."""
         asked = True
         if body.get("stream") is True:
             sent, asked = ask_usage(body)
             if not asked:
                 body, raw = sent, None
         url, headers, data = self._upstream(which, body, raw)
+        return url, headers, data, asked
+
+    async def _send(
+        self, which: str, body: dict[str, Any], raw: bytes | None = None
+    ) -> tuple[aiohttp.ClientResponse, bool]:
+        """A chat completions request to ``which`` (see :meth:`_outgoing`): the answer, and
+        whether the client asked for usage itself."""
+        url, headers, data, asked = self._outgoing(which, body, raw)
         return await self._post(which, url, headers, data), asked
 
     def _upstream_error(self, exc: UpstreamFailed, headers: dict[str, str]) -> web.Response:

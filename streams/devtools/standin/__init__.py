@@ -55,6 +55,25 @@ HTTP (nothing listens): it ends after ``seconds``, or in process via :meth:`Stan
 Faults never affect ``/_standin/`` routes or the chat, models, health and metrics routes
 (except ``down``, which affects everything).
 
+Faults of the chat route alone (a Trinity that fails while its other routes answer, see
+:class:`ChatFault`): ``POST /_standin/chat-fault`` with one of::
+
+    {"mode": "ok"}
+    {"mode": "error", "status": 503, "retry_after": 5}   503 with Retry-After: 5
+    {"mode": "error", "status": 429, "count": 3}          the next 3 answer 429
+    {"mode": "slow", "delay": 12}                         first byte after 12 s
+    {"mode": "hang"}                                      nothing, until the fault changes
+    {"mode": "cut", "after": 2}                           a stream dropped after 2 chunks
+
+The model version (``rollout/model_0/model_version`` of ``/metrics``, stored on each
+experience row as Trinity does) is set with ``POST /_standin/version {"model_version": n}``,
+and with ``StandIn(sync_interval=n)`` (``trajstream standin --sync-interval n``) every n-th
+``/commit`` advances it by one, as Trinity's explorer syncs new weights every
+``synchronizer.sync_interval`` steps. ``StandIn(journal=path)`` (``--journal``) keeps what it
+served, rewarded and committed in an append-only file and reads it back at start
+(:mod:`~streams.devtools.standin.journal`), so a stand-in process killed and started again
+goes on where it was.
+
 The package: :mod:`~streams.devtools.standin.server` (:class:`StandIn`, its lifecycle and
 socket, :func:`run`), :mod:`~streams.devtools.standin.routes` (the route handlers) and
 :mod:`~streams.devtools.standin.state` (what it holds, the fault switches); every public name is
@@ -65,8 +84,9 @@ May import: anything; a dev tool, never imported by the product (core, runtime, 
 
 from __future__ import annotations
 
-from .server import StandIn, fetch_state, reset_state, run, set_fault
+from .server import StandIn, fetch_state, reset_state, run, set_chat_fault, set_fault
 from .state import (
+    ChatFault,
     CommitRecord,
     Experience,
     Fault,
@@ -79,6 +99,7 @@ from .state import (
 )
 
 __all__ = [
+    "ChatFault",
     "CommitRecord",
     "Experience",
     "Fault",
@@ -92,5 +113,6 @@ __all__ = [
     "judge_score",
     "reset_state",
     "run",
+    "set_chat_fault",
     "set_fault",
 ]

@@ -12,13 +12,16 @@ import json
 import time
 import uuid
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any, Final
 
 from aiohttp import web
 
+from .journal import Journal
 from .state import (
     _MAX_TASK_ID_LENGTH,
+    ChatFault,
     CommitRecord,
     Experience,
     Fault,
@@ -37,6 +40,16 @@ __all__ = [
 ]
 
 
+class _Cut(Exception):
+    """A ``cut`` chat fault: the stream stops here."""
+
+
+_RECORD: Any = (
+    web.RequestKey("standin_record", object) if hasattr(web, "RequestKey") else "standin_record"
+)
+"""The ``/feedback`` or ``/commit`` record of a request, for the journal."""
+
+
 class Routes:
     """The stand-in's route handlers over its state; :class:`.server.StandIn` serves them (and
     owns the state, the fault switch and the listening socket)."""
@@ -44,8 +57,14 @@ class Routes:
     model: str
     _state: StandInState
     _created: int
+    _journal: Journal | None
+    sync_interval: int
+    _released: asyncio.Event
 
     async def set_fault(self, fault: Fault) -> None:
+        raise NotImplementedError
+
+    def set_chat_fault(self, fault: ChatFault) -> None:
         raise NotImplementedError
 
     async def reset(self) -> None:
@@ -63,6 +82,8 @@ class Routes:
         app.router.add_get("/_standin/state", self._get_state)
         app.router.add_get("/_standin/counts", self._get_counts)
         app.router.add_post("/_standin/fault", self._post_fault)
+        app.router.add_post("/_standin/chat-fault", self._post_chat_fault)
+        app.router.add_post("/_standin/version", self._post_version)
         app.router.add_post("/_standin/reset", self._post_reset)
 
     def _take_fault(self) -> Fault:
@@ -74,6 +95,24 @@ class Routes:
                 self._state.fault = Fault()
         return fault
 
+    def _take_chat_fault(self) -> ChatFault:
+        """The chat fault that applies to this chat request; counts it down."""
+        fault = self._state.chat_fault
+        if fault.mode != "ok":
+            self._state.chat_faulted += 1
+            if fault.count is not None:
+                fault.count -= 1
+                if fault.count <= 0:
+                    self._state.chat_fault = ChatFault()
+        return fault
+
+    @staticmethod
+    def _drop(request: web.Request) -> web.Response:
+        """Drop the connection without another byte, as a process that died would."""
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=500)  # never sent: the connection is gone
+
     @staticmethod
     def _fault_response(fault: Fault) -> web.Response:
         return web.json_response(
@@ -84,6 +123,30 @@ class Routes:
         body, error = _parse_json(await _read_text(request))
         if error is not None:
             return web.json_response({"detail": error}, status=400)
+        fault = self._take_chat_fault()
+        if fault.mode == "error":
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after else None
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"stand-in chat fault: status {fault.status}",
+                        "type": "server_error",
+                        "code": fault.status,
+                    }
+                },
+                status=fault.status,
+                headers=headers,
+            )
+        if fault.mode == "hang":
+            await self._released.wait()
+            return self._drop(request)
+        if fault.mode == "slow":
+            await asyncio.sleep(fault.delay)
+            if request.transport is None or request.transport.is_closing():
+                return self._drop(request)  # the client gave up waiting: nobody to answer
+        if fault.mode == "cut" and not body.get("stream"):
+            return self._drop(request)
+        cut_after = fault.after if fault.mode == "cut" else None
         self._state.request_count += 1
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -105,19 +168,22 @@ class Routes:
         reply = f"stand-in reply to: {snippet}"
         msg_id = f"chatcmpl-{uuid.uuid4().hex}"
         tool_call = _tool_call_for(body, messages, question, msg_id)
-        self._state.experiences[msg_id] = Experience(
+        row = self._state.experiences[msg_id] = Experience(
             msg_id=msg_id,
             model=str(model),
             prompt=question,
             completion=reply,
             served_at=time.monotonic(),
+            model_version=self._state.model_version,
         )
+        if self._journal is not None:
+            self._journal.served(row)
         if body.get("stream"):
             include_usage = isinstance(body.get("stream_options"), dict) and bool(
                 body["stream_options"].get("include_usage")
             )
             return await self._stream(
-                request, msg_id, str(model), prompt, reply, tool_call, include_usage
+                request, msg_id, str(model), prompt, reply, tool_call, include_usage, cut_after
             )
         prompt_ids, reply_ids = _token_ids(prompt), _token_ids(reply)
         message: dict[str, Any] = {"role": "assistant", "content": reply, "tool_calls": []}
@@ -156,10 +222,42 @@ class Routes:
         reply: str,
         tool_call: dict[str, Any] | None = None,
         include_usage: bool = False,
+        cut_after: int | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         created = int(time.time())
+        sent = 0
+
+        async def write(data: bytes) -> None:  # every chunk, until a cut fault drops the rest
+            nonlocal sent
+            if cut_after is not None and sent >= cut_after:
+                raise _Cut
+            await response.write(data)
+            sent += 1
+            if cut_after is not None:
+                await asyncio.sleep(0.01)  # each chunk apart, as a model streams
+
+        try:
+            await self._stream_chunks(
+                write, msg_id, model, created, prompt, reply, tool_call, include_usage
+            )
+        except _Cut:
+            return self._drop(request)
+        await response.write_eof()
+        return response
+
+    async def _stream_chunks(
+        self,
+        write: Callable[[bytes], Awaitable[None]],
+        msg_id: str,
+        model: str,
+        created: int,
+        prompt: str,
+        reply: str,
+        tool_call: dict[str, Any] | None,
+        include_usage: bool,
+    ) -> None:
 
         def event(choice: dict[str, Any], **top: Any) -> bytes:
             data = {
@@ -172,14 +270,14 @@ class Routes:
             }
             return f"data: {json.dumps(data)}\n\n".encode()
 
-        await response.write(
+        await write(
             event(
                 {"delta": {"role": "assistant", "content": ""}, "finish_reason": None},
                 prompt_token_ids=_token_ids(prompt),
             )
         )
         if tool_call is None:
-            await response.write(
+            await write(
                 event(
                     {
                         "delta": {"content": reply},
@@ -192,7 +290,7 @@ class Routes:
         else:  # as OpenAI streams a tool call: id and name first, then the arguments in pieces
             fn = tool_call["function"]
             head = {"index": 0, "id": tool_call["id"], "type": "function"}
-            await response.write(
+            await write(
                 event(
                     {
                         "delta": {"tool_calls": [{**head, "function": {"name": fn["name"]}}]},
@@ -203,9 +301,9 @@ class Routes:
             args = fn["arguments"]
             for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
                 delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
-                await response.write(event({"delta": delta, "finish_reason": None}))
+                await write(event({"delta": delta, "finish_reason": None}))
         finish = "stop" if tool_call is None else "tool_calls"
-        await response.write(event({"delta": {}, "finish_reason": finish}))
+        await write(event({"delta": {}, "finish_reason": finish}))
         if include_usage:
             prompt_n, reply_n = len(_token_ids(prompt)), len(_token_ids(reply))
             usage = {
@@ -221,10 +319,8 @@ class Routes:
                 "choices": [],
                 "usage": usage,
             }
-            await response.write(f"data: {json.dumps(data)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+            await write(f"data: {json.dumps(data)}\n\n".encode())
+        await write(b"data: [DONE]\n\n")
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -248,10 +344,17 @@ class Routes:
         return web.json_response(self._state.metrics())
 
     async def _feedback(self, request: web.Request) -> web.Response:
+        response = await self._feedback_inner(request)
+        if self._journal is not None and _RECORD in request:
+            self._journal.feedback(request[_RECORD])
+        return response
+
+    async def _feedback_inner(self, request: web.Request) -> web.Response:
         text = await _read_text(request)
         body, error = _parse_json(text)
         record = FeedbackRecord(time.monotonic(), _utcnow(), text if error else body)
         self._state.feedback.append(record)
+        request[_RECORD] = record
         fault = self._take_fault()
         if fault.mode == "error":
             record.status = fault.status
@@ -287,8 +390,15 @@ class Routes:
         return web.json_response({"status": "success"})
 
     async def _commit(self, request: web.Request) -> web.Response:
+        response = await self._commit_inner(request)
+        if self._journal is not None and _RECORD in request:
+            self._journal.commit(request[_RECORD], self._state.model_version)
+        return response
+
+    async def _commit_inner(self, request: web.Request) -> web.Response:
         record = CommitRecord(time.monotonic(), _utcnow())
         self._state.commits.append(record)
+        request[_RECORD] = record
         fault = self._take_fault()
         if fault.mode == "error":
             record.status = fault.status
@@ -303,6 +413,8 @@ class Routes:
         state.trained.extend(drained)
         record.status, record.drained, record.step = 200, len(drained), state.explore_step
         record.msg_ids = drained
+        if self.sync_interval and state.explore_step % self.sync_interval == 0:
+            state.model_version += 1  # the trainer's new weights, synced to the explorer
         return web.json_response({"status": "success"})
 
     async def _judge(self, request: web.Request) -> web.Response:
@@ -369,6 +481,9 @@ class Routes:
                 "commits": len(s.commits),
                 "trained": len(s.trained),
                 "explore_step": s.explore_step,
+                "model_version": s.model_version,
+                "chat_requests": s.request_count,
+                "chat_faulted": s.chat_faulted,
                 "last_feedback_at": s.feedback[-1].at if s.feedback else None,
                 "judge_requests": len(s.judge),
                 "judge_ok": sum(1 for j in s.judge if j.score is not None),
@@ -397,6 +512,31 @@ class Routes:
         await response.write_eof()
         await self.set_fault(fault)
         return response
+
+    async def _post_chat_fault(self, request: web.Request) -> web.Response:
+        data, error = _parse_json(await _read_text(request))
+        if error is not None:
+            return web.json_response({"detail": error}, status=400)
+        try:
+            fault = ChatFault.from_json(data)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self.set_chat_fault(fault)
+        return web.json_response({"status": "success", "chat_fault": fault.to_json()})
+
+    async def _post_version(self, request: web.Request) -> web.Response:
+        data, error = _parse_json(await _read_text(request))
+        if error is not None:
+            return web.json_response({"detail": error}, status=400)
+        version = data.get("model_version")
+        if not _is_int(version) or version < 0:
+            return web.json_response(
+                {"error": "model_version must be a non-negative integer"}, status=400
+            )
+        self._state.model_version = version
+        if self._journal is not None:
+            self._journal.version(version)
+        return web.json_response({"status": "success", "model_version": version})
 
     async def _post_reset(self, request: web.Request) -> web.Response:
         await self.reset()

@@ -13,19 +13,22 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Final, cast
 
 import httpx
 from aiohttp import web
 
+from .journal import Journal
 from .routes import Routes
-from .state import Fault, StandInState
+from .state import ChatFault, Fault, StandInState
 
 __all__ = [
     "StandIn",
     "fetch_state",
     "reset_state",
     "run",
+    "set_chat_fault",
     "set_fault",
 ]
 
@@ -50,10 +53,21 @@ class StandIn(Routes):
         await standin.stop()
     """
 
-    def __init__(self, *, model: str = "standin-model", shutdown_timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "standin-model",
+        shutdown_timeout: float = 1.0,
+        journal: Path | None = None,
+        sync_interval: int = 0,
+    ) -> None:
         self.model = model
         self._shutdown_timeout = shutdown_timeout
         self._state = StandInState()
+        self._journal = Journal(journal) if journal is not None else None
+        self.sync_interval = sync_interval
+        """Every this many commits advance the model version by one (0: it stays as set)."""
+        self._released = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._host = "127.0.0.1"
@@ -84,6 +98,11 @@ class StandIn(Routes):
         """Listen on ``host:port`` (0 picks a free port) and return the base URL."""
         if self._runner is not None:
             raise RuntimeError("the stand-in is already started")
+        if self._journal is not None:  # where a killed stand-in on this file was
+            read = self._journal.load(self._state)
+            self._journal.open()
+            if read:
+                logger.info("stand-in journal %s: %d events read", self._journal.path, read)
         app = web.Application(middlewares=[self._middleware])
         self._add_routes(app)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._shutdown_timeout)
@@ -104,9 +123,12 @@ class StandIn(Routes):
         if task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._released.set()  # hung chat requests end (their connections are dropped)
         runner, self._runner, self._site = self._runner, None, None
         if runner is not None:
             await runner.cleanup()
+        if self._journal is not None:
+            self._journal.close()
 
     async def set_fault(self, fault: Fault) -> None:
         """Inject ``fault`` (replacing the current one); ``Fault()`` clears it.
@@ -126,11 +148,23 @@ class StandIn(Routes):
                 await self._open()
         logger.info("stand-in fault set to %s", fault.to_json())
 
+    def set_chat_fault(self, fault: ChatFault) -> None:
+        """How the chat route answers from now on (:class:`ChatFault`); ``ChatFault()`` clears
+        it. Requests a ``hang`` holds end now (their connections are dropped)."""
+        self._state.chat_fault = fault
+        self._released.set()
+        self._released = asyncio.Event()
+        logger.info("stand-in chat fault set to %s", fault.to_json())
+
     async def reset(self) -> None:
-        """Forget every experience, request and commit, and clear the fault."""
+        """Forget every experience, request and commit (the journal too), and clear the
+        faults."""
         self._state = StandInState()
+        if self._journal is not None:
+            self._journal.truncate()
         if self._frozen:  # what the old state froze may be collected again
             gc.unfreeze()
+        self.set_chat_fault(ChatFault())
         await self.set_fault(Fault())
 
     def run(self, host: str = "127.0.0.1", port: int = _DEFAULT_PORT) -> None:
@@ -241,8 +275,23 @@ async def reset_state(base_url: str, *, http_timeout: float = 5.0) -> None:
         response.raise_for_status()
 
 
+async def set_chat_fault(
+    base_url: str, fault: dict[str, Any], *, http_timeout: float = 5.0
+) -> None:
+    """``POST /_standin/chat-fault``; e.g. ``{"mode": "error", "status": 503,
+    "retry_after": 2}``."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=http_timeout) as http:
+        response = await http.post("/_standin/chat-fault", json=fault)
+        response.raise_for_status()
+
+
 def run(
-    host: str = "127.0.0.1", port: int = _DEFAULT_PORT, *, model: str = "standin-model"
+    host: str = "127.0.0.1",
+    port: int = _DEFAULT_PORT,
+    *,
+    model: str = "standin-model",
+    journal: Path | None = None,
+    sync_interval: int = 0,
 ) -> None:
     """Blocking entry point for ``trajstream standin``: serve until SIGINT or SIGTERM."""
-    StandIn(model=model).run(host, port)
+    StandIn(model=model, journal=journal, sync_interval=sync_interval).run(host, port)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, cast
 
 __all__ = [
+    "ChatFault",
     "CommitRecord",
     "Experience",
     "Fault",
@@ -53,6 +54,8 @@ class Experience:
     rewarded: bool = False
     committed_at_step: int | None = None
     """Explore step reached by the commit that drained this row into training."""
+    model_version: int = 0
+    """The model version that served it (as Trinity stores it in the row's info)."""
 
 
 @dataclass
@@ -133,6 +136,64 @@ class Fault:
         return out
 
 
+ChatFaultMode = Literal["ok", "error", "slow", "hang", "cut"]
+
+_CHAT_FAULT_MODES: Final = ("ok", "error", "slow", "hang", "cut")
+
+
+@dataclass
+class ChatFault:
+    """How the chat route answers its next ``count`` requests (None: until changed); the other
+    routes are not affected (``down``, of :class:`Fault`, takes every route down).
+
+    - ``error``: ``status`` (default 503) with an OpenAI-shaped error body, and a
+      ``Retry-After: <retry_after>`` header when ``retry_after`` is set;
+    - ``slow``: the first byte after ``delay`` seconds, then the answer as usual;
+    - ``hang``: nothing at all, until the fault is changed (then the connection is dropped);
+    - ``cut``: a streamed answer stops after ``after`` chunks (0: after its headers) and the
+      connection is dropped; a non-streamed one is dropped before any byte.
+
+    ``slow`` and ``cut`` store the experience as a served request does (the model generated
+    it); ``error`` and ``hang`` store nothing."""
+
+    mode: ChatFaultMode = "ok"
+    status: int = 503
+    retry_after: str | None = None
+    delay: float = 0.0
+    after: int = 0
+    count: int | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> ChatFault:
+        """Build one from its JSON form; raises ValueError saying what is wrong."""
+        if not isinstance(data, dict) or data.get("mode") not in _CHAT_FAULT_MODES:
+            raise ValueError(f"mode must be one of {', '.join(_CHAT_FAULT_MODES)}")
+        count = data.get("count")
+        if count is not None and (not _is_int(count) or count < 1):
+            raise ValueError("count must be a positive integer or null")
+        fault = cls(mode=cast(ChatFaultMode, data["mode"]), count=count)
+        status = data.get("status", 503)
+        if not _is_int(status) or not 400 <= status <= 599:
+            raise ValueError("status must be an integer from 400 to 599")
+        fault.status = status
+        retry = data.get("retry_after")
+        if retry is not None:
+            if _is_number(retry):
+                retry = str(_non_negative(retry, "retry_after")).removesuffix(".0")
+            elif not isinstance(retry, str) or not retry.strip():
+                raise ValueError("retry_after must be seconds or an HTTP date")
+            fault.retry_after = retry
+        fault.delay = _non_negative(data.get("delay", 0.0), "delay")
+        after = data.get("after", 0)
+        if not _is_int(after) or after < 0:
+            raise ValueError("after must be a non-negative integer")
+        fault.after = after
+        return fault
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class JudgeCall:
     """One ``POST /judge/v1/chat/completions`` as received."""
@@ -187,6 +248,9 @@ class StandInState:
     ready_count_total: int = 0
     model_version: int = 0
     fault: Fault = field(default_factory=Fault)
+    chat_fault: ChatFault = field(default_factory=ChatFault)
+    chat_faulted: int = 0
+    """Chat requests a chat fault answered (or dropped)."""
     judge: list[JudgeCall] = field(default_factory=list)
     judge_fault: JudgeFault = field(default_factory=JudgeFault)
 
@@ -210,7 +274,10 @@ class StandInState:
 
         return {
             "explore_step": self.explore_step,
+            "model_version": self.model_version,
             "fault": self.fault.to_json(),
+            "chat_fault": self.chat_fault.to_json(),
+            "chat_faulted": self.chat_faulted,
             "metrics": self.metrics(),
             "feedback": [record(r) for r in self.feedback],
             "commits": [record(c) for c in self.commits],

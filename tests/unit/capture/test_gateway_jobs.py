@@ -62,6 +62,31 @@ def test_a_step_job_builds_the_step_and_a_one_step_calls_end(one_step: bool) -> 
         assert build_job(job) == ([step, one_step_end(step)] if one_step else [step])
 
 
+@pytest.mark.parametrize(
+    "marks",
+    [
+        {"policy_version": 4},
+        {"fallback": "connect"},
+        {"error_type": "stream_broken", "policy_version": 2},
+    ],
+)
+@pytest.mark.parametrize("one_step", [False, True])
+def test_a_step_job_carries_the_policy_version_fallback_and_error_type(
+    marks: dict[str, object], one_step: bool
+) -> None:
+    now = utcnow()
+    upstream = "production" if "fallback" in marks else "trinity"
+    job = step_job("c", json.dumps(REQUEST).encode(), ANSWER, upstream=upstream, latency_ms=1.0,
+                   now=now, one_step=one_step, marks=marks)  # fmt: skip
+    step, *end = build_job(pickle.loads(pickle.dumps(job)))
+    assert len(end) == job_size(job) - 1 == int(one_step)
+    assert {k: getattr(step, k) for k in ("policy_version", "fallback", "error_type")} == {
+        "policy_version": None, "fallback": None, "error_type": None, **marks,
+    }  # fmt: skip
+    assert step.upstream == upstream
+    assert step.msg_id == (None if upstream == "production" else "chatcmpl-1")
+
+
 def test_a_job_that_cannot_be_built_raises() -> None:
     job = step_job("c", json.dumps(REQUEST).encode(), b"[1, 2]", upstream="trinity",
                    latency_ms=1.0, now=utcnow(), one_step=False)  # fmt: skip

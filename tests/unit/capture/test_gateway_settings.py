@@ -49,3 +49,32 @@ def test_a_strategy_that_cannot_route_stops_the_gateway_at_start(tmp_path) -> No
     )
     with pytest.raises(ConfigError, match="cannot route calls"):
         build_gateway(settings)
+
+
+def test_the_policy_settings_reach_its_breaker_and_bad_ones_are_named(
+    monkeypatch, tmp_path
+) -> None:
+    monkeypatch.setenv("TRAJSTREAM_GATEWAY__BREAKER__FAILURES", "7")
+    monkeypatch.setenv("TRAJSTREAM_GATEWAY__POLICY_TIMEOUT_S", "2.5")
+    settings = load_settings(
+        kafka={"bootstrap_servers": "127.0.0.1:9"},
+        gateway={
+            "production_url": "http://127.0.0.1:9/v1",
+            "spill_dir": str(tmp_path),
+            "breaker": {"cooldown_s": 4, "probes": 2},
+        },
+    )
+    policy = build_gateway(settings).policy
+    assert policy.timeout_s == 2.5
+    config = policy.breaker.config
+    assert (config.failures, config.cooldown_s, config.probes) == (7, 4, 2)
+    for bad, name in (
+        ({"policy_timeout_s": 0}, r"gateway\.policy_timeout_s"),
+        ({"policy_version_poll_s": -1}, r"gateway\.policy_version_poll_s"),
+        ({"breaker": {"failure_rate": 1.5}}, r"gateway\.breaker\.failure_rate"),
+        ({"breaker": {"probes": 0}}, r"gateway\.breaker\.probes"),
+        ({"breaker": {"cooldown_s": 60, "max_cooldown_s": 30}}, r"gateway\.breaker"),
+        ({"breaker": {"retries": 3}}, r"gateway\.breaker\.retries"),
+    ):
+        with pytest.raises(ConfigError, match=name):
+            load_settings(gateway=bad)
