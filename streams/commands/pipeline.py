@@ -67,7 +67,6 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         exit_on_stall,
         install_allocator_limits,
         install_log_limits,
-        install_metadata_backoff,
     )
     from ..settings import check_faust_environment
     from ..topics import Topics
@@ -108,7 +107,6 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if pipeline.server is not None:  # serving from the start: /healthz answers during recovery
         url = loop.run_until_complete(pipeline.server.start())
         log.info("metrics and health on %s (/metrics /healthz /readyz)", url)
-    install_metadata_backoff()
     install_log_limits()
     install_allocator_limits()
     worker = BoundedWorker(

@@ -77,12 +77,12 @@ from ..settings import Settings
 from ..state_codec import is_head_key
 from ..topics import Topics
 from ..wire import TopicFraming
-from . import handover, spans_agent
+from . import faust_patches, spans_agent
 from .config import judge_of, ledger_config_of, limits_of
 from .live_close import ASSEMBLE_BATCH, ASSEMBLE_WITHIN, Closing
 from .live_guard import raw_input, source_of
 from .live_ports import ObservedTrinity
-from .producing import install_idempotence, install_topic_tracking, raw_schema
+from .producing import raw_schema
 from .stores import BatchedStore, TableStore
 
 __all__ = [
@@ -220,9 +220,7 @@ class Pipeline(Closing):
     def _build(self, bootstrap: str) -> faust.App:
         s, t = self.settings, self.topics
         n = s.kafka.partitions
-        handover.install()  # before the app: no committed offset passes an unhandled record
-        install_idempotence()  # acks=all and idempotence for Faust's producer too
-        install_topic_tracking()  # and metadata of the topics it writes, not the whole cluster's
+        faust_patches.install()  # before the app: every patch of Faust and aiokafka, once
         app = faust.App(
             s.app_id,
             broker=",".join(f"kafka://{b.strip()}" for b in bootstrap.split(",")),
