@@ -61,8 +61,8 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from ..io.kafka import create_topics, wait_until_ready
-    from ..runtime.live import Pipeline
-    from ..runtime.worker import (
+    from ..runtime.live.app import Pipeline
+    from ..runtime.live.worker import (
         BoundedWorker,
         exit_on_stall,
         install_allocator_limits,

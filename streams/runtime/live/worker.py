@@ -53,7 +53,7 @@ from typing import Any
 
 import faust
 
-from ..process import keep_out_of_collections
+from ...process import keep_out_of_collections
 
 __all__ = [
     "EX_STALLED",

@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from streams.runtime import worker
-from streams.runtime.worker import Repeats, install_log_limits
+from streams.runtime.live import worker
+from streams.runtime.live.worker import Repeats, install_log_limits
 
 
 class Clock:
@@ -65,7 +65,7 @@ def test_every_aiokafka_logger_is_limited() -> None:
 def test_the_worker_has_no_spinner_that_would_put_the_root_logger_at_debug() -> None:
     import faust
 
-    from streams.runtime.worker import BoundedWorker
+    from streams.runtime.live.worker import BoundedWorker
 
     app = faust.App("t-spinner", broker="kafka://127.0.0.1:9")
     w = BoundedWorker(app, loglevel="warn", quiet=True, stop_timeout_s=3)
@@ -79,7 +79,7 @@ def test_the_worker_has_no_spinner_that_would_put_the_root_logger_at_debug() -> 
 
 _FRAGMENTED_HEAP = """
 import json, sys
-from streams.runtime.worker import install_allocator_limits, trim_heap
+from streams.runtime.live.worker import install_allocator_limits, trim_heap
 
 def rss():
     with open("/proc/self/status") as f:
