@@ -7,7 +7,7 @@ most :data:`ASSEMBLE_WITHIN` for one to fill). :meth:`AssembleLoop.run`, for eac
 order:
 
 1. each record is opened at the edge and handed to the assemble stage
-   (:class:`~streams.core.assemble.Assembler`) under the guard (:meth:`~.guard.StageGuard.decide`);
+   (:class:`~streams.core.assemble.Assembler`) under the guard (:meth:`~.guard.StageGuard.step`);
    the stage's table writes wait beside the tables (:class:`~.stores.BatchedStore`), so a call
    that opens and closes within the batch writes no changelog record;
 2. each trajectory the batch closed is offered to the reward stage at once
@@ -20,7 +20,7 @@ order:
    ``<p>.trajectories``, a feedback Trinity did not acknowledge at once (down, slow, a 5xx) to
    the feedback stage through ``<p>.rewarded``, which retries it under the retry policy. A
    rejection (a 4xx) is the feedback stage's dead letter at once, as there;
-3. the checkpoint (:meth:`~.checkpoint.Checkpoint.release`) sends everything decided
+3. the checkpoint (:meth:`~.checkpoint.Checkpoint.settle`) sends everything decided
    (trajectories and rewarded records handled here with the :data:`~.channels.HANDLED` header,
    which the reward and feedback stages pass over; they are the outputs users read), waits
    until the broker acknowledged every send, and only then writes the batch's table writes;
@@ -74,17 +74,23 @@ class AssembleLoop:
     async def run(self, events: list[Any]) -> None:
         """One batch of ``<p>.agent-events`` and ``<p>.ticks`` records (see the module)."""
         try:
-            outs = []
-            for event in events:
-                src = source_of(event)
-                self.checkpoint.at(src.partition)
-                outs.append((src.partition, self.guard.decide("assemble", src, self.assembler)))
+            outs = self.decide_each(events)
             handled = await self.close_here(outs)
-            await self.checkpoint.release([out for _, out in outs], handled)
+            await self.checkpoint.settle([out for _, out in outs], handled)
         except BaseException:
             self.checkpoint.discard()
             self.assembler.reset()  # its cache saw writes that were not made
             raise
+
+    def decide_each(self, events: list[Any]) -> list[tuple[int, Out]]:
+        """What the assemble stage decided on each record, with its partition (see the module,
+        1); its table writes wait for the checkpoint."""
+        outs = []
+        for event in events:
+            src = source_of(event)
+            self.checkpoint.at(src.partition)
+            outs.append((src.partition, self.guard.step("assemble", src, self.assembler)))
+        return outs
 
     async def close_here(self, outs: list[tuple[int, Out]]) -> set[int]:
         """Reward (and feed back) the batch's trajectories that wait for nothing; the ids of the

@@ -4,7 +4,7 @@ Delivery is at-least-once: an input offset is committed only once every effect o
 is durable, so that a crash anywhere before reads the record again and every effect is made
 again (each is idempotent or counted once). :class:`Checkpoint` owns that order:
 
-1. **A batch of the assemble stage** (:meth:`Checkpoint.release`, :mod:`.assembling`): the
+1. **A batch of the assemble stage** (:meth:`Checkpoint.settle`, :mod:`.assembling`): the
    records the batch decided are sent (trajectories, decisions, rewarded records, the
    acknowledgements of the feedback it sent itself, dead letters); each send is awaited until
    the broker acknowledged it; only then are the batch's table writes written (they waited
@@ -117,14 +117,14 @@ class Checkpoint:
         for store in self.stores:
             store.partition = partition
 
-    async def release(self, outs: Iterable[Out], handled: Collection[int]) -> None:
+    async def settle(self, outs: Iterable[Out], handled: Collection[int]) -> None:
         """Send what the batch decided (``outs``; the emits whose ``id`` is in ``handled`` with
         the :data:`~.channels.HANDLED` header), wait until the broker acknowledged every send,
         then write the batch's table writes. When this returns, the batch's input offsets may
         be committed."""
         sent = []
         for out in outs:
-            sent.extend(await self.sink.send(out, lambda emit: id(emit) in handled))
+            sent.extend(await self.sink.dispatch(out, lambda emit: id(emit) in handled))
         for delivery in sent:
             await delivery
         for store in self.stores:

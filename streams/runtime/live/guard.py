@@ -4,7 +4,7 @@ sent; whatever a stage could not handle becomes a dead letter of that stage, nev
 :class:`StageGuard` opens each record once (:class:`streams.envelope.Edge`: decoded once, its
 type checked against its topic), runs a stage of the core on the envelope with the clock's
 ``now``, and hands what the stage decided to the :class:`~.sink.Sink` (:meth:`StageGuard.run`;
-:meth:`StageGuard.decide` returns it unsent, for a batch that sends it later). An error is the
+:meth:`StageGuard.step` returns it unsent, for a batch that sends it later). An error is the
 stage's dead letter with its reason and source topic/partition/offset (logged with its
 traceback unless it is one the stage expects). :meth:`StageGuard.mount` makes a Faust agent
 that runs a stage record by record under the guard.
@@ -111,10 +111,10 @@ class StageGuard:
             raise
         except Exception as exc:
             out = failed(stage, src, exc, expected)
-        await self.sink.send(out)
+        await self.sink.dispatch(out)
         return out
 
-    def decide(self, name: str, src: Source, stage: Stage) -> Out:
+    def step(self, name: str, src: Source, stage: Stage) -> Out:
         """:meth:`run` for a stage that does no I/O, without the sending: what it decided (a
         batch sends it later, :mod:`.assembling`)."""
         self.metrics.event_in(src.topic)

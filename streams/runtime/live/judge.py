@@ -62,14 +62,14 @@ class JudgePort:
         worker's port: its verdict (scored or not) on ``<p>.verdicts``; a request that cannot
         be read is a ``judge`` dead letter. Never raises for what the judge answered."""
 
-        async def step(env: Envelope) -> Out:
+        async def answer(env: Envelope) -> Out:
             out = await self.stage.on_record(env, self.ask, self.clock)
             for verdict in out.records("verdicts"):
                 self.metrics.judge_verdict(scored=verdict.error is None)  # type: ignore[attr-defined]
             return out
 
         await self.guard.run(
-            "judge", source_of(event), step, expected=(RecordError, JudgeAnswerError)
+            "judge", source_of(event), answer, expected=(RecordError, JudgeAnswerError)
         )
 
     async def aclose(self) -> None:

@@ -139,7 +139,7 @@ class LedgerPort:
         async with self._lock:
             batch = await run_batch(self.stage, self, read, self.clock)
             self.metrics.ledger(batch.state)
-        await self.sink.send(batch.applied)
+        await self.sink.dispatch(batch.applied)
 
     # the ledger sequence's port (streams.core.ledger_batch.LedgerPort); `trinity` above
 
@@ -154,7 +154,7 @@ class LedgerPort:
                 alert.fraction,
                 alert.trailing_mean,
             )
-        await self.sink.send(out)
+        await self.sink.dispatch(out)
 
     async def write_ahead(self, state: LedgerState) -> None:
         await self.checkpoint.write_ahead(self.stage, state)
@@ -217,7 +217,7 @@ class LedgerPort:
                 batch = await run_batch(self.stage, self, read, self.clock, closing=True)
                 if batch.plan is not None:
                     log.info("final commit of %d acknowledged feedbacks", batch.plan.count)
-                await self.sink.send(batch.applied)
+                await self.sink.dispatch(batch.applied)
                 await self.checkpoint.flush()
             except Exception:  # the stop goes on; the next owner commits the batch
                 log.exception("final commit failed")

@@ -1,7 +1,7 @@
 """Where what the live worker's stages decided goes: records to their topics, rejects as dead
 letters or late events.
 
-A stage returns an :class:`~streams.core.effects.Out`; :meth:`Sink.send` encodes each record it
+A stage returns an :class:`~streams.core.effects.Out`; :meth:`Sink.dispatch` encodes each record it
 emits and sends it to its topic (named as the core names it: ``"trajectories"``,
 ``"ledger"``, ...; the ledger's one partition is 0), with the :data:`~.channels.HANDLED` header
 on the records a stage already took through the next one, and sends each reject as a dead
@@ -80,7 +80,7 @@ class Sink:
         self.max_payload = max_payload
         self.clock = clock
 
-    async def send(
+    async def dispatch(
         self, out: Out, marked: Callable[[Emit], bool] | None = None
     ) -> list[Awaitable[Any]]:
         """Send what a stage decided; returns the sends' deliveries. ``marked`` says which
@@ -89,27 +89,21 @@ class Sink:
         self.stats.update(out.stats)
         sent = []
         for emit in out.emits:
+            topic = self.topics[emit.topic]
             partition = 0 if emit.topic == "ledger" else None
+            value = self.codec.encode(emit.record)
             headers = HANDLED_HEADERS if marked is not None and marked(emit) else None
-            sent.append(await self.publish(emit.topic, emit.key, emit.record, partition, headers))
+            sent.append(
+                await topic.send(key=emit.key, value=value, partition=partition, headers=headers)
+            )
             self._observe(emit.record)
         for reject in out.rejects:
             sent.append(await self._reject(reject))
         return sent
 
-    async def publish(
-        self,
-        topic: str,
-        key: bytes | None,
-        record: AvroModel,
-        partition: int | None = None,
-        headers: Any = None,
-    ) -> Awaitable[Any]:
-        """Send one record to ``topic``; returns its delivery."""
-        value = self.codec.encode(record)
-        return await self.topics[topic].send(
-            key=key, value=value, partition=partition, headers=headers
-        )
+    async def publish(self, topic: str, key: bytes | None, record: AvroModel) -> Awaitable[Any]:
+        """Send one record to ``topic`` (none of a stage's): returns its delivery."""
+        return await self.topics[topic].send(key=key, value=self.codec.encode(record))
 
     def _observe(self, record: Any) -> None:
         if isinstance(record, SelectionDecision):

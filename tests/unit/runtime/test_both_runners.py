@@ -230,7 +230,7 @@ def run_live(settings: Settings, rows: list[Row], until: float) -> Result:
         done = await drain(done)
         # replay ends every grace period still running (straight to the stage, as replay does:
         # no tick record may be dated that far ahead of the clock)
-        await s.sink.send(s.reward.on_tick(0, END_OF_TIME))
+        await s.sink.dispatch(s.reward.on_tick(0, END_OF_TIME))
         await drain(done)
 
     asyncio.run(main())

@@ -80,7 +80,7 @@ def test_a_batch_writes_its_tables_only_once_the_broker_acknowledged_its_records
     store.set(b"c1", b"closed")  # what the stage wrote in the batch
 
     async def main() -> None:
-        batch = asyncio.create_task(checkpoint.release([out], {id(out.emits[1])}))
+        batch = asyncio.create_task(checkpoint.settle([out], {id(out.emits[1])}))
         for _ in range(10):
             await asyncio.sleep(0)
         assert [s.topic for s in sent] == ["decisions", "trajectories"]
@@ -104,7 +104,7 @@ def test_a_batch_whose_send_failed_writes_nothing() -> None:
     store.partition = 2
     store.set(b"c1", b"open")
     checkpoint.discard()
-    asyncio.run(checkpoint.release([], set()))
+    asyncio.run(checkpoint.settle([], set()))
     assert log == [] and len(store) == 0
 
 

@@ -77,7 +77,7 @@ def test_a_stage_decides_on_each_record_with_the_clocks_now() -> None:
 def test_what_a_stage_cannot_handle_is_its_dead_letter(value: bytes, reason: str) -> None:
     sent: list[Sent] = []
     g, _ = guard(sent)
-    out = g.decide("assemble", source_of(Event(EVENTS, 9, b"c1", value)), Echo())
+    out = g.step("assemble", source_of(Event(EVENTS, 9, b"c1", value)), Echo())
     assert sent == []  # decided, not sent: a batch sends it later
     [reject] = out.rejects
     assert reject.stage == "assemble" and reason in reject.reason

@@ -46,7 +46,7 @@ def test_each_record_goes_to_its_topic_the_ledgers_to_its_one_partition() -> Non
     out.emit("ledger", b"c1", Tick(at=at(2)))
     out.emit("decisions", b"c1", decision("c1"))
     out.stats["assemble.closed"] += 1
-    deliveries = asyncio.run(s.send(out, lambda emit: emit.topic == "trajectories"))
+    deliveries = asyncio.run(s.dispatch(out, lambda emit: emit.topic == "trajectories"))
     assert len(deliveries) == 3
     assert [(x.topic, x.key, x.partition, x.handled) for x in sent] == [
         ("trajectories", b"c1", None, True),
@@ -66,7 +66,7 @@ def test_a_reject_is_a_dead_letter_and_a_late_one_a_late_event() -> None:
     src = Source("t.agent-events", 2, 40, b"c1", b"0123456789")
     out.reject(Reject("assemble", "bad step", "ValidationError", src))
     out.reject(Reject("late", "call c1 closed", "LateEvent", src))
-    asyncio.run(s.send(out))
+    asyncio.run(s.dispatch(out))
     dead, late = sent
     assert (dead.topic, late.topic) == ("dead_letters", "late_events")
     letter = dead.record
@@ -82,6 +82,6 @@ def test_a_reject_without_a_source_names_the_dead_letter_topic() -> None:
     s, _, _ = sink(sent)
     out = Out()
     out.reject(Reject("reward", "abandoned", "RewardError", key=b"c9", payload=b"x"))
-    asyncio.run(s.send(out))
+    asyncio.run(s.dispatch(out))
     [letter] = [x.record for x in sent]
     assert (letter.source_topic, letter.source_offset, letter.key) == ("t.trajectories", -1, b"c9")
