@@ -37,6 +37,7 @@ May import: the core, the top-level modules, :mod:`streams.observe`.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.assemble import Assembler
@@ -54,22 +55,15 @@ ASSEMBLE_BATCH = 256  # records in one batch of the assemble stage
 ASSEMBLE_WITHIN = 0.01  # seconds a batch waits to fill
 
 
+@dataclass(eq=False)
 class AssembleLoop:
     """The assemble agent's batch (see the module)."""
 
-    def __init__(
-        self,
-        guard: StageGuard,
-        assembler: Assembler,
-        reward_join: RewardJoin,
-        feedback: FeedbackPort,
-        checkpoint: Checkpoint,
-    ) -> None:
-        self.guard = guard
-        self.assembler = assembler
-        self.reward_join = reward_join
-        self.feedback = feedback
-        self.checkpoint = checkpoint
+    guard: StageGuard
+    assembler: Assembler
+    reward_join: RewardJoin
+    feedback: FeedbackPort
+    checkpoint: Checkpoint
 
     async def run(self, events: list[Any]) -> None:
         """One batch of ``<p>.agent-events`` and ``<p>.ticks`` records (see the module)."""

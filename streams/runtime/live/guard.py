@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -42,24 +43,17 @@ class Stage(Protocol):
     def on_record(self, env: Envelope, now: datetime) -> Out: ...
 
 
+@dataclass(eq=False)
 class StageGuard:
     """Opens records at ``edge``, runs stages on them with ``clock``'s now, and sends what they
     decided to ``sink`` (see the module)."""
 
-    def __init__(
-        self,
-        edge: Edge,
-        sink: Sink,
-        *,
-        metrics: Metrics,
-        stats: Counter[str],
-        clock: Callable[[], datetime],
-    ) -> None:
-        self.edge = edge
-        self.sink = sink
-        self.metrics = metrics
-        self.stats = stats
-        self.clock = clock
+    edge: Edge
+    sink: Sink
+    _: KW_ONLY
+    metrics: Metrics
+    stats: Counter[str]
+    clock: Callable[[], datetime]
 
     def mount(
         self,

@@ -21,6 +21,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -49,23 +50,16 @@ log = logging.getLogger("trajstream")
 UNREAD_LEDGER_S = 5.0  # how long a graceful stop reads the ledger records its consumer left
 
 
+@dataclass(eq=False)
 class UnreadLedger:
     """The records on ``<p>.ledger`` after an offset, read with a consumer of its own: at a
     graceful stop the agent's consumer has stopped, and what it had not taken is read here."""
 
-    def __init__(
-        self,
-        bootstrap: str,
-        security: KafkaSecuritySettings,
-        topic: str,
-        edge: Edge,
-        producer: Producer,
-    ) -> None:
-        self.bootstrap = bootstrap
-        self.security = security
-        self.topic = topic
-        self.edge = edge
-        self.producer = producer
+    bootstrap: str
+    security: KafkaSecuritySettings
+    topic: str
+    edge: Edge
+    producer: Producer
 
     async def after(self, applied_offset: int) -> list[Envelope]:
         """The records after ``applied_offset`` (once the producer has sent what this worker
@@ -99,32 +93,21 @@ def holds_ledger(consumer: Any, topic: str) -> bool:
         return False
 
 
+@dataclass(eq=False)
 class LedgerPort:
     """The ledger stage's batches and the final commit (see the module)."""
 
-    def __init__(
-        self,
-        stage: LedgerStage,
-        trinity: ObservedTrinity,
-        sink: Sink,
-        checkpoint: Checkpoint,
-        unread: UnreadLedger,
-        *,
-        edge: Edge,
-        metrics: Metrics,
-        stats: Counter[str],
-        clock: Callable[[], datetime],
-    ) -> None:
-        self.stage = stage
-        self.trinity = trinity
-        self.sink = sink
-        self.checkpoint = checkpoint
-        self.unread = unread
-        self.edge = edge
-        self.metrics = metrics
-        self.stats = stats
-        self.clock = clock
-        self._lock = asyncio.Lock()
+    stage: LedgerStage
+    trinity: ObservedTrinity
+    sink: Sink
+    checkpoint: Checkpoint
+    unread: UnreadLedger
+    _: KW_ONLY
+    edge: Edge
+    metrics: Metrics
+    stats: Counter[str]
+    clock: Callable[[], datetime]
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     async def on_batch(self, events: list[Any]) -> None:
         """Apply a batch of ledger records, then decide windows and commits once (the core's

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -52,33 +53,24 @@ class Topic(Protocol):
     ) -> Awaitable[Any]: ...
 
 
+@dataclass(eq=False)
 class Sink:
     """The topics a stage's decisions go to, by the core's names (see the module).
 
     ``dead_letter_topic`` is the topic a dead letter without a source names (one decided on a
-    clock tick); ``max_payload`` the bytes of a record a dead letter keeps.
+    clock tick); ``max_payload`` the bytes of a record a dead letter keeps; ``worker`` names
+    this worker in them.
     """
 
-    def __init__(
-        self,
-        topics: Mapping[str, Topic],
-        *,
-        codec: SchemaRegistry,
-        metrics: Metrics,
-        stats: Counter[str],
-        worker: str,
-        dead_letter_topic: str,
-        max_payload: int,
-        clock: Callable[[], datetime],
-    ) -> None:
-        self.topics = topics
-        self.codec = codec
-        self.metrics = metrics
-        self.stats = stats
-        self.worker = worker
-        self.dead_letter_topic = dead_letter_topic
-        self.max_payload = max_payload
-        self.clock = clock
+    topics: Mapping[str, Topic]
+    _: KW_ONLY
+    codec: SchemaRegistry
+    metrics: Metrics
+    stats: Counter[str]
+    worker: str
+    dead_letter_topic: str
+    max_payload: int
+    clock: Callable[[], datetime]
 
     async def dispatch(
         self, out: Out, marked: Callable[[Emit], bool] | None = None

@@ -19,6 +19,7 @@ from streams.models import AvroModel
 from streams.observe.metrics import Metrics
 from streams.runtime.live.app import OUTPUTS, Rules, Stages, compose
 from streams.runtime.live.channels import HANDLED_HEADERS
+from streams.runtime.live.sink import Sink
 from streams.settings import Settings
 from tests.unit.factories import at
 
@@ -72,6 +73,45 @@ class MemoryTopic:
 def topics(sent: list[Sent], held: list[asyncio.Future[None]] | None = None) -> dict[str, Any]:
     """Every topic the stages write, in memory."""
     return {name: MemoryTopic(name, sent, held) for name in OUTPUTS}
+
+
+def sink(
+    sent: list[Sent],
+    held: list[asyncio.Future[None]] | None = None,
+    *,
+    max_payload: int = 1 << 20,
+    clock: Clock | None = None,
+) -> Sink:
+    """A sink over memory topics (its metrics and counts its own: ``sink.metrics``,
+    ``sink.stats``)."""
+    return Sink(
+        topics(sent, held),
+        codec=CODEC,
+        metrics=Metrics(),
+        stats=Counter(),
+        worker="w1",
+        dead_letter_topic="t.trajectories",
+        max_payload=max_payload,
+        clock=clock or Clock(),
+    )
+
+
+class Recording(MemoryStore):
+    """A store that records its writes, as a changelog would (a table writes no tombstone for a
+    key it does not hold: :class:`~streams.runtime.live.stores.TableStore`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, bytes]] = []
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self.writes.append(("set", key))
+        super().set(key, value)
+
+    def delete(self, key: bytes) -> None:
+        if self.get(key) is not None:
+            self.writes.append(("delete", key))
+        super().delete(key)
 
 
 class Producer:

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from streams.core.store import MemoryStore
 from streams.errors import TrinityRejected, TrinityUnavailable
 from streams.models import (
     DeadLetter,
@@ -21,25 +20,7 @@ from streams.runtime.live.feedback import DIRECT_PAUSE_S
 from streams.settings import load_settings
 from tests.unit.factories import at, end, start, step
 
-from .memory import CODEC, Event, Worker, stages
-
-
-class Recording(MemoryStore):
-    """A store that records its writes, as a changelog would (a table writes no tombstone for a
-    key it does not hold: :class:`~streams.runtime.live.stores.TableStore`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[tuple[str, bytes]] = []
-
-    def set(self, key: bytes, value: bytes) -> None:
-        self.writes.append(("set", key))
-        super().set(key, value)
-
-    def delete(self, key: bytes) -> None:
-        if self.get(key) is not None:
-            self.writes.append(("delete", key))
-        super().delete(key)
+from .memory import CODEC, Event, Recording, Worker, stages
 
 
 class Trinity:

@@ -13,7 +13,6 @@ Each test here is of an order a past fix restored, and fails when that order is 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -27,12 +26,11 @@ from streams.models import LedgerState, Tick
 from streams.observe.metrics import Metrics
 from streams.runtime.live.checkpoint import Checkpoint, FeedbackGate
 from streams.runtime.live.feedback import ObservedTrinity
-from streams.runtime.live.sink import Sink
 from streams.runtime.live.stores import BatchedStore
 from streams.settings import load_settings
 from tests.unit.factories import ack, at
 
-from .memory import CODEC, Clock, Event, Producer, Sent, stages, topics
+from .memory import CODEC, Event, Producer, Sent, sink, stages
 
 CFG = LedgerConfig(interval=timedelta(seconds=60))
 
@@ -47,19 +45,6 @@ class Recording(MemoryStore):
     def set(self, key: bytes, value: bytes) -> None:
         self.log.append(f"{self.name} written")
         super().set(key, value)
-
-
-def sink(sent: list[Sent], held: list[asyncio.Future[None]] | None = None) -> Sink:
-    return Sink(
-        topics(sent, held),
-        codec=CODEC,
-        metrics=Metrics(),
-        stats=Counter(),
-        worker="w",
-        dead_letter_topic="t.trajectories",
-        max_payload=1 << 20,
-        clock=Clock(),
-    )
 
 
 # -- 1. a batch: records acknowledged, then tables written, then offsets released -------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from datetime import datetime
 
 import faust
@@ -19,10 +18,9 @@ from streams.models import Tick
 from streams.observe.metrics import Metrics
 from streams.runtime.live.channels import source_of
 from streams.runtime.live.guard import StageGuard
-from streams.runtime.live.sink import Sink
 from tests.unit.factories import at, start
 
-from .memory import CODEC, Clock, Event, Sent, topics
+from .memory import CODEC, Clock, Event, Sent, sink
 
 EVENTS = "t.agent-events"
 
@@ -43,18 +41,8 @@ class Echo:
 
 
 def guard(sent: list[Sent]) -> tuple[StageGuard, Metrics]:
-    metrics, stats, clock = Metrics(), Counter[str](), Clock(at(7))
-    sink = Sink(
-        topics(sent),
-        codec=CODEC,
-        metrics=metrics,
-        stats=stats,
-        worker="w",
-        dead_letter_topic="t.trajectories",
-        max_payload=1 << 20,
-        clock=clock,
-    )
-    return StageGuard(Edge(CODEC), sink, metrics=metrics, stats=stats, clock=clock), metrics
+    s = sink(sent, clock=Clock(at(7)))
+    return StageGuard(Edge(CODEC), s, metrics=s.metrics, stats=s.stats, clock=s.clock), s.metrics
 
 
 def test_a_stage_decides_on_each_record_with_the_clocks_now() -> None:

@@ -13,7 +13,7 @@ from streams.observe.metrics import Metrics
 from streams.runtime.live.sink import Sink
 from tests.unit.factories import at
 
-from .memory import CODEC, Clock, Sent, topics
+from .memory import Clock, Sent, sink
 
 
 def decision(call_id: str) -> SelectionDecision:
@@ -23,24 +23,14 @@ def decision(call_id: str) -> SelectionDecision:
     )
 
 
-def sink(sent: list[Sent], max_payload: int = 1 << 20) -> tuple[Sink, Metrics, Counter[str]]:
-    metrics, stats = Metrics(), Counter[str]()
-    s = Sink(
-        topics(sent),
-        codec=CODEC,
-        metrics=metrics,
-        stats=stats,
-        worker="w1",
-        dead_letter_topic="t.trajectories",
-        max_payload=max_payload,
-        clock=Clock(at(9)),
-    )
-    return s, metrics, stats
+def memory_sink(sent: list[Sent], max_payload: int = 1 << 20) -> tuple[Sink, Metrics, Counter[str]]:
+    s = sink(sent, max_payload=max_payload, clock=Clock(at(9)))
+    return s, s.metrics, s.stats
 
 
 def test_each_record_goes_to_its_topic_the_ledgers_to_its_one_partition() -> None:
     sent: list[Sent] = []
-    s, metrics, stats = sink(sent)
+    s, metrics, stats = memory_sink(sent)
     out = Out()
     out.emit("trajectories", b"c1", Tick(at=at(1)))
     out.emit("ledger", b"c1", Tick(at=at(2)))
@@ -61,7 +51,7 @@ def test_each_record_goes_to_its_topic_the_ledgers_to_its_one_partition() -> Non
 
 def test_a_reject_is_a_dead_letter_and_a_late_one_a_late_event() -> None:
     sent: list[Sent] = []
-    s, metrics, stats = sink(sent, max_payload=4)
+    s, metrics, stats = memory_sink(sent, max_payload=4)
     out = Out()
     src = Source("t.agent-events", 2, 40, b"c1", b"0123456789")
     out.reject(Reject("assemble", "bad step", "ValidationError", src))
@@ -79,7 +69,7 @@ def test_a_reject_is_a_dead_letter_and_a_late_one_a_late_event() -> None:
 
 def test_a_reject_without_a_source_names_the_dead_letter_topic() -> None:
     sent: list[Sent] = []
-    s, _, _ = sink(sent)
+    s, _, _ = memory_sink(sent)
     out = Out()
     out.reject(Reject("reward", "abandoned", "RewardError", key=b"c9", payload=b"x"))
     asyncio.run(s.dispatch(out))

@@ -6,26 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from streams.core.store import MemoryStore
 from streams.runtime.live.stores import BatchedStore, TableStore
 
-
-class Recording(MemoryStore):
-    """A store that records its writes, as a changelog would (a table writes no tombstone for a
-    key it does not hold: :class:`TableStore`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[tuple[str, bytes]] = []
-
-    def set(self, key: bytes, value: bytes) -> None:
-        self.writes.append(("set", key))
-        super().set(key, value)
-
-    def delete(self, key: bytes) -> None:
-        if self.get(key) is not None:
-            self.writes.append(("delete", key))
-        super().delete(key)
+from .memory import Recording
 
 
 def test_a_batch_writes_only_what_it_leaves() -> None:
