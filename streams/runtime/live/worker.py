@@ -1,5 +1,5 @@
-"""The worker process around Faust: a bounded graceful stop, bounded logs, and metadata retries
-that back off, for the hours a broker or Trinity is gone.
+"""The worker process around Faust: a bounded graceful stop and bounded logs for the hours a
+broker or Trinity is gone, a stop of its own for a lasting stall, and its memory handed back.
 
 What faust-streaming 0.15.3 and aiokafka do on their own when the broker goes away (measured
 with a worker on the local broker, the broker stopped under it): aiokafka's metadata task asks
