@@ -32,9 +32,11 @@ def install_clear_queues_first() -> None:
     earlier hand-over fixes whose order this keeps).
 
     Fails without it: ``tests/unit/runtime/faust_patches/test_recovery.py::
-    test_recovery_completion_clears_queues_before_resuming_then_seeks`` and (with the consumer
-    patches) ``tests/integration/test_handover.py::
-    test_no_committed_offset_passes_a_record_no_agent_handled``.
+    test_recovery_completion_clears_queues_before_resuming_then_seeks`` and
+    ``tests/integration/test_handover.py::
+    test_no_committed_offset_passes_a_record_no_agent_handled`` (alone: the records the clear
+    drops hold their partitions' commits, and the stall watch stops the worker; with the
+    consumer patches left out too, the commits pass them).
     """
     from faust.tables.recovery import Recovery
 

@@ -34,8 +34,9 @@ def test_each_patch_names_its_upstream_issue_and_the_test_that_fails_without_it(
         doc = patch.__doc__ or ""
         assert "Upstream" in doc, f"{name}: what upstream does"
         assert "Fails without it: ``tests/" in doc, f"{name}: the test that fails without it"
-        for test in doc.split("Fails without it:")[1].split("``")[1::2]:
-            path, _, function = test.replace("\n", "").replace(" ", "").partition("::")
+        named = doc.split("Fails without it:")[1].split("``")[1::2]
+        for test in (t.replace("\n", "").replace(" ", "") for t in named):
+            path, _, function = test.partition("::")
             source = (PACKAGE.parent / path).read_text(encoding="utf-8")
             assert f"def {function}(" in source, f"{name}: {test} does not exist"
 
