@@ -84,7 +84,7 @@ console = Console()
 CODEC = SchemaRegistry.default()
 PARTITIONS = 4
 # memory: seconds between consuming a shape and reading RSS: more than the worker's heap trim
-# interval (streams.runtime.worker.TRIM_EVERY_S), so that what the burst's buffers took and
+# interval (streams.runtime.live.worker.TRIM_EVERY_S), so that what the burst's buffers took and
 # freed is not counted as held per open call
 MEMORY_SETTLE_S = 12
 EVENTS_PER_CALL = 5

@@ -61,13 +61,12 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from ..io.kafka import create_topics, wait_until_ready
-    from ..runtime.live import Pipeline
-    from ..runtime.worker import (
+    from ..runtime.live.app import Pipeline
+    from ..runtime.live.worker import (
         BoundedWorker,
         exit_on_stall,
         install_allocator_limits,
         install_log_limits,
-        install_metadata_backoff,
     )
     from ..settings import check_faust_environment
     from ..topics import Topics
@@ -108,7 +107,6 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if pipeline.server is not None:  # serving from the start: /healthz answers during recovery
         url = loop.run_until_complete(pipeline.server.start())
         log.info("metrics and health on %s (/metrics /healthz /readyz)", url)
-    install_metadata_backoff()
     install_log_limits()
     install_allocator_limits()
     worker = BoundedWorker(

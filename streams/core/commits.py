@@ -117,7 +117,7 @@ def _exclusive(trinity: CommitPort) -> contextlib.AbstractAsyncContextManager[An
     """The port's own gate, if it has one (``exclusive()``): it keeps the port's ``/feedback``
     requests out from the last read of the ready count to the commit, since one applied in
     between is drained by this commit but looks new to the next, which is then sent empty. The
-    live worker's port has one (:class:`streams.runtime.live_ports.FeedbackGate`); feedback
+    live worker's port has one (:class:`streams.runtime.live.checkpoint.FeedbackGate`); feedback
     from another process can still land in between."""
     gate = getattr(trinity, "exclusive", None)
     return gate() if callable(gate) else contextlib.nullcontext()

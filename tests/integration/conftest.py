@@ -9,7 +9,8 @@ The broker, chosen once per session, in this order:
    KRaft broker on a free loopback port, stopped at the end of the session.
 
 Every test uses its own topic prefix and consumer group, so tests never see each other's data.
-Workers run as real processes (``python -m streams.cli worker``) and are killed at teardown,
+Workers run as real processes (``python -m streams.cli worker``; with a test-only hook,
+``python -m tests.integration.faults worker``) and are killed at teardown,
 also when the test fails; their logs are printed on failure.
 """
 
@@ -37,6 +38,8 @@ from streams.devtools.broker import LocalBroker
 from streams.devtools.standin import StandIn
 from streams.models import AvroModel
 from tests.conftest import SHARED_BOOTSTRAP
+
+from . import faults
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = Path(os.environ.get("TRAJSTREAM_CACHE_DIR", REPO_ROOT / ".cache" / "trajstream"))
@@ -125,8 +128,10 @@ class WorkerProcess:
         fh = self.log.open("ab")
         fh.write(f"\n===== start {self.starts} =====\n".encode())
         fh.flush()
+        # with a test-only hook asked for, the worker is started by tests/integration/faults.py
+        entry = "tests.integration.faults" if faults.wanted(self.env) else "streams.cli"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", "worker"],
+            [sys.executable, "-m", entry, "worker"],
             env=self.env,
             stdout=fh,
             stderr=subprocess.STDOUT,

@@ -3,7 +3,7 @@
 Real broker, real worker processes. A first worker commits some traffic and stops; a backlog is
 produced on every agent's input topic; a second worker takes the partitions over with its agents
 slowed down and a delay between its seek to the committed offsets and the reset of its read
-offsets (the test-only hooks of :mod:`streams.runtime.handover`). Every record an agent finished
+offsets (the test-only hooks of ``tests/integration/faults.py``). Every record an agent finished
 with is logged by the workers; the check: every offset below the group's committed offset, on
 every input topic (assemble: agent-events, ticks; reward: trajectories, user-feedback, ticks;
 feedback: rewarded; ledger: ledger), reached an agent.

@@ -1,5 +1,5 @@
-"""streams.runtime.producing against the real broker: the worker's Faust producer keeps the
-metadata of the topics it writes, not of every topic of the cluster."""
+"""streams.runtime.faust_patches.producer against the real broker: the worker's Faust producer
+keeps the metadata of the topics it writes, not of every topic of the cluster."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from aiokafka import AIOKafkaProducer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streams.io.kafka import create_topics
-from streams.runtime import producing
-from streams.runtime.producing import TrackingProducer, install_topic_tracking
+from streams.runtime.faust_patches import producer as producing
+from streams.runtime.faust_patches.producer import TrackingProducer, install_topic_tracking
 
 pytestmark = pytest.mark.integration
 

@@ -432,7 +432,7 @@ def halves_in_table(calls: list[Call], k: dict[str, int]) -> Callable[[dict], bo
     return check
 
 
-# No rerun: the hand-over loss these tests once hid is closed by streams.runtime.handover and
+# No rerun: the hand-over loss these tests once hid is closed by streams.runtime.faust_patches and
 # reproduced on purpose by tests/integration/test_handover.py.
 @pytest.mark.timeout(240)
 async def test_open_calls_survive_a_graceful_restart(kafka_bootstrap, prefix, standin, workers):

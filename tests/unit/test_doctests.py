@@ -24,7 +24,7 @@ MODULES = _modules_with_examples()
 
 
 def test_the_package_has_examples() -> None:
-    assert "streams.runtime.handover" in MODULES
+    assert "streams.runtime.faust_patches.offsets" in MODULES
     assert "streams.devtools.broker.process" in MODULES
 
 

@@ -45,7 +45,7 @@ def test_the_old_import_paths_still_work() -> None:
     from streams.core.judge import JudgeAnswerError
     from streams.export.dataset import ExportError
     from streams.io.trinity import TrinityGaveUp
-    from streams.runtime.handover import HandoverPatchError
+    from streams.runtime.faust_patches import HandoverPatchError
     from streams.runtime.replay_options import ReplayError
 
     assert {JudgeAnswerError, ExportError, TrinityGaveUp, HandoverPatchError, ReplayError} <= {

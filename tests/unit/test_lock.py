@@ -54,10 +54,10 @@ def test_every_requirement_is_pinned_within_its_bounds(lock: str, test: bool) ->
     )
 
 
-def test_faust_is_the_version_the_handover_patch_is_for() -> None:
+def test_faust_is_the_version_the_patches_are_for() -> None:
     # the day a newer faust-streaming is published, a fresh install must not pick it: the
-    # worker refuses to start on any version the patch was not written for
-    from streams.runtime.handover import FAUST_VERSION
+    # worker refuses to start on any version the patches were not written for
+    from streams.runtime.faust_patches import FAUST_VERSION
 
     [faust] = [r for r in _requirements() if canonicalize_name(r.name) == "faust-streaming"]
     assert str(faust.specifier) == f"=={FAUST_VERSION}"

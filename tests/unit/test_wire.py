@@ -227,23 +227,11 @@ def test_min_insync_replicas_defaults_for_the_replication_factor(
 
 
 async def test_every_producer_is_idempotent_with_acks_all() -> None:
-    from faust.transport.drivers import aiokafka as faust_aiokafka
-
     from streams.io.kafka import PRODUCER_DEFAULTS, producer
-    from streams.runtime.producing import install_idempotence
 
     assert PRODUCER_DEFAULTS["acks"] == "all" and PRODUCER_DEFAULTS["enable_idempotence"]
     client = producer("127.0.0.1:9")
     assert client._txn_manager is not None, "aiokafka's idempotent producer"
     framed = producer("127.0.0.1:9", framing=TopicFraming({}))
     assert framed._txn_manager is not None and framed.framing is not None
-
-    class App:
-        in_transaction = False
-
-    class Producer:
-        app = App()
-
-    install_idempotence()
-    extra = faust_aiokafka.Producer._settings_extra(Producer())  # type: ignore[arg-type]
-    assert extra == {"acks": "all", "enable_idempotence": True}
+    # and Faust's, by a patch: tests/unit/runtime/faust_patches/test_producer.py

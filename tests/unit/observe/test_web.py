@@ -115,20 +115,6 @@ async def test_a_recovery_that_reads_nothing_for_the_limit_makes_the_worker_unhe
         await server.stop()
 
 
-def test_the_recovery_position_is_read_from_fausts_recovery():
-    import faust
-
-    from streams.runtime.live import recovery_position
-
-    app = faust.App("t-position", broker="kafka://127.0.0.1:1")
-    recovery = app.tables.recovery
-    assert recovery_position(app) == 0
-    recovery.active_offsets[TP("c", 0)] = 41
-    recovery.active_offsets[TP("c", 1)] = -1  # nothing read yet
-    recovery.standby_offsets[TP("c", 2)] = 9
-    assert recovery_position(app) == 50
-
-
 async def test_health_is_503_while_a_watched_partition_makes_no_progress():
     now = [1000.0]
     metrics = Metrics(inputs=["p.agent-events"], clock=lambda: now[0])

@@ -1,5 +1,5 @@
-"""One table of cases through both runners: the live worker's handlers (Faust's tables swapped
-for in-memory stores, its topics for lists, the wall clock for a fake one) and replay's runner.
+"""One table of cases through both runners: the live worker's objects (composed over in-memory
+stores and topics and a clock the test moves) and replay's runner.
 Both must give the same decisions, trajectories, rewards, feedback requests (and the
 acknowledgements for the ledger), judge requests, commits (the live ledger agent's and a
 backfill's, from the same acknowledgements at the same times) and rejects with the same
@@ -10,19 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
-import streams.runtime.live_guard as live_guard
-import streams.runtime.live_ports as live_ports
 from streams.codec import SchemaRegistry
 from streams.core.backfill import Backfill, backfill_config, plan_feedback
 from streams.core.feedback import FeedbackRequest, deliver
 from streams.core.judge import JudgeStage
-from streams.core.store import MemoryStore
 from streams.devtools.standin import judge_score
 from streams.io.judge import JudgeClient, judge_port
 from streams.models import (
@@ -40,12 +37,13 @@ from streams.models import (
     Trajectory,
 )
 from streams.runtime.config import ledger_config_of
-from streams.runtime.live import Pipeline
+from streams.runtime.live.app import Rules
 from streams.runtime.replay import END_OF_TIME, ReplayRunner, SourceRecord
-from streams.runtime.stores import BatchedStore
 from streams.settings import Settings, load_settings
+from streams.topics import Topics
 from tests.unit.core.harness import REPO_ROOT, ScriptedTrinity, m
 from tests.unit.factories import at, end, feedback, start, step
+from tests.unit.runtime.live.memory import Event, stages
 
 CODEC = SchemaRegistry.default()
 Answer = tuple[str, float | None, str | None, str, str, int]
@@ -171,45 +169,6 @@ class Result:
     """Live only: the trajectories the assemble stage fed back itself (no hop)."""
 
 
-class Sink:
-    """A topic: what was sent to it, in ``sent``; the indexes of records sent with the
-    HANDLED header (taken through the next stage already: it passes them over) in ``handled``."""
-
-    def __init__(
-        self,
-        name: str,
-        sent: list[tuple[str, bytes | None, bytes]],
-        handled: set[int] | None = None,
-    ) -> None:
-        self.name, self.sent = name, sent
-        self.handled = handled if handled is not None else set()
-
-    async def send(
-        self,
-        key: bytes | None = None,
-        value: bytes = b"",
-        partition: Any = None,
-        headers: Any = None,
-    ) -> asyncio.Future[None]:
-        if headers:
-            assert headers == [(live_guard.HANDLED, b"1")]
-            self.handled.add(len(self.sent))
-        self.sent.append((self.name, key, value))
-        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        delivered.set_result(None)
-        return delivered
-
-
-class Message:
-    def __init__(self, topic: str, offset: int, key: bytes | None, value: bytes) -> None:
-        self.topic, self.partition, self.offset, self.key, self.value = topic, 0, offset, key, value
-
-
-class Event:
-    def __init__(self, *args: Any) -> None:
-        self.message = Message(*args)
-
-
 class FeedbackTrinity(ScriptedTrinity):
     def __init__(self) -> None:
         super().__init__([m(0, 0)] * 10)
@@ -223,107 +182,73 @@ class FeedbackTrinity(ScriptedTrinity):
         pass
 
 
-def run_live(settings: Settings, rows: list[Row], until: float, monkeypatch: Any) -> Result:
+def run_live(settings: Settings, rows: list[Row], until: float) -> Result:
     trinity = FeedbackTrinity()
-    p = Pipeline(
-        settings,
-        bootstrap="127.0.0.1:9",
-        trinity=lambda: trinity,  # type: ignore[arg-type,return-value]
-        judge_client=fake_judge,
-    )
-    p.batched = (BatchedStore(MemoryStore()), BatchedStore(MemoryStore()))
-    p.assembler.pending, p.assembler.closed = p.batched
-    p.reward_join.awaiting = MemoryStore()
-    if p.reward_join.verdicts is not None:
-        p.reward_join.verdicts = MemoryStore()
-    sent: list[tuple[str, bytes | None, bytes]] = []
-    handled: set[int] = set()
-    for name in (
-        "trajectories",
-        "rewarded",
-        "decisions",
-        "ledger",
-        "windows",
-        "alerts",
-        "commits",
-        "dead",
-        "late",
-        "judge_requests",
-        "verdicts",
-    ):
-        setattr(p, f"t_{name}", Sink(name, sent, handled))
-    clock = {"now": at(0)}
-    for module in (live_guard, live_ports):  # the stages' clock and the judge's
-        monkeypatch.setattr(module, "wall_clock", lambda: clock["now"])
-    t = p.topics
+    w = stages(settings, trinity=trinity, judge_client=fake_judge)
+    s, t = w.stages, Topics(settings.kafka.topic_prefix, settings.kafka.partitions)
     offsets = iter(range(10**6))
 
     async def drain(done: int) -> int:
         # hand what a stage sent on to the next one, as the topics would
-        while done < len(sent):
-            name, key, value = sent[done]
+        while done < len(w.sent):
+            sent = w.sent[done]
             done += 1
-            if done - 1 in handled:
-                continue  # the assemble stage took it through the next stage (live_close)
-            if name == "trajectories":
-                event = Event(t.trajectories, next(offsets), key, value)
-                await p._guard("reward", event, p.reward_join.on_record)
-            elif name == "rewarded":
-                await p._feedback_guarded(Event(t.rewarded, next(offsets), key, value))
-            elif name == "judge_requests":
-                await p._judge_guarded(Event(t.judge_requests, next(offsets), key, value))
-            elif name == "verdicts":
-                event = Event(t.verdicts, next(offsets), key, value)
-                await p._guard("reward", event, p.reward_join.on_record)
+            if sent.handled:
+                continue  # the assemble stage took it through the next stage (.assembling)
+            event = Event(getattr(t, sent.topic), next(offsets), sent.key, sent.value)
+            if sent.topic in ("trajectories", "verdicts"):
+                await s.guard.handle("reward", event, s.reward)
+            elif sent.topic == "rewarded":
+                await s.feedback.handle(event)
+            elif sent.topic == "judge_requests":
+                assert s.judge is not None
+                await s.judge.handle(event)
         return done
 
     async def tick(now: datetime, *, reward_only: bool = False) -> None:
         value = CODEC.encode(Tick(at=now))
         if not reward_only:
-            await p._assemble([Event(t.ticks, next(offsets), None, value)])
-        await p._guard(
-            "reward", Event(t.ticks, next(offsets), None, value), p.reward_join.on_record
-        )
+            await s.assemble.run([Event(t.ticks, next(offsets), None, value)])
+        await s.guard.handle("reward", Event(t.ticks, next(offsets), None, value), s.reward)
 
     async def main() -> None:
         done = 0
         for seconds, kind, record, key in rows:
-            clock["now"] = at(seconds)
+            w.clock.now = at(seconds)
             await tick(at(seconds))  # replay: every record is also a tick of its partition
             done = await drain(done)
             topic = t.agent_events if kind == "event" else t.user_feedback
             key = key if key is not None else getattr(record, "call_id", "").encode()
             event = Event(topic, next(offsets), key, CODEC.encode(record))
             if kind == "event":
-                await p._assemble([event])
+                await s.assemble.run([event])
             else:
-                await p._guard("reward", event, p.reward_join.on_record)
+                await s.guard.handle("reward", event, s.reward)
             done = await drain(done)
-        clock["now"] = at(until)
+        w.clock.now = at(until)
         await tick(at(until))
         done = await drain(done)
         # replay ends every grace period still running (straight to the stage, as replay does:
         # no tick record may be dated that far ahead of the clock)
-        await p._send(p.reward_join.on_tick(0, END_OF_TIME))
+        await s.sink.dispatch(s.reward.on_tick(0, END_OF_TIME))
         await drain(done)
 
     asyncio.run(main())
 
-    def decoded(name: str) -> list[Any]:
-        return [CODEC.decode(v) for n, _, v in sent if n == name]
-
-    letters = [d for d in decoded("dead") + decoded("late") if isinstance(d, DeadLetter)]
+    letters = [
+        d for d in w.records("dead_letters") + w.records("late_events") if isinstance(d, DeadLetter)
+    ]
     return Result(
-        decoded("decisions"),
-        decoded("trajectories"),
-        decoded("rewarded"),
+        w.records("decisions"),
+        w.records("trajectories"),
+        w.records("rewarded"),
         trinity.feedbacks,
         sorted((d.stage, d.reason) for d in letters),
-        [(a.rewarded.trajectory_id, a.attempts, a.feedbacks) for a in decoded("ledger")],
-        [_undated(r) for r in decoded("judge_requests")],
-        decoded("ledger"),
-        _verdicts(decoded("verdicts")),
-        p.stats["feedback.direct"],
+        [(a.rewarded.trajectory_id, a.attempts, a.feedbacks) for a in w.records("ledger")],
+        [_undated(r) for r in w.records("judge_requests")],
+        w.records("ledger"),
+        _verdicts(w.records("verdicts")),
+        w.stats["feedback.direct"],
     )
 
 
@@ -338,16 +263,16 @@ def _verdicts(verdicts: list[JudgeVerdict]) -> list[Answer]:
 
 
 def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
-    p = Pipeline(settings, bootstrap="127.0.0.1:9")  # for the same strategy, rewarder, limits
+    rules = Rules.of(settings)  # the same strategy, rewarder, limits as the live worker's
     runner = ReplayRunner(
-        p.strategy,
-        [p.rewarder],
-        limits=p.limits,
-        feedback_grace=p.reward_join.feedback_grace,
+        rules.strategy,
+        [rules.rewarder],
+        limits=rules.limits,
+        feedback_grace=timedelta(seconds=settings.reward.feedback_grace_s),
         score_incomplete=settings.reward.score_incomplete,
-        late_retention=p.assembler.late_retention,
-        topics=p.topics,
-        judge=p.judge_spec,
+        late_retention=timedelta(seconds=settings.assembly.late_retention_s),
+        topics=Topics(settings.kafka.topic_prefix, settings.kafka.partitions),
+        judge=rules.judge,
     )
     for offset, (seconds, kind, record, key) in enumerate(rows):
         key = key if key is not None else getattr(record, "call_id", "").encode()
@@ -358,7 +283,7 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
     if runner.judge_requests:  # as run_replay asks for the calls without a stored verdict:
         # the same judge stage, over the same port as the live worker's (the stand-in's answers)
         client = fake_judge()
-        port = judge_port(lambda: client, p.judge_policy, clock=lambda: at(until))
+        port = judge_port(lambda: client, rules.judge_policy, clock=lambda: at(until))
         verdicts = asyncio.run(runner.judge(JudgeStage(), port, lambda: at(until)))
         assert runner.stats["judge.asked"] == len(judge_requested)
     rewards = [r for _, r in runner.scored()]
@@ -388,10 +313,10 @@ def run_replay(settings: Settings, rows: list[Row], until: float) -> Result:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_both_runners_decide_alike(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_both_runners_decide_alike(case: str) -> None:
     overrides, rows, until = CASES[case]
     settings = settings_for(overrides)
-    mine, theirs = run_live(settings, rows, until, monkeypatch), run_replay(settings, rows, until)
+    mine, theirs = run_live(settings, rows, until), run_replay(settings, rows, until)
     assert mine.decisions == theirs.decisions
     assert mine.trajectories == theirs.trajectories
     assert mine.rewards == theirs.rewards
@@ -405,7 +330,7 @@ def test_both_runners_decide_alike(case: str, monkeypatch: pytest.MonkeyPatch) -
     waits = settings.reward.feedback_grace_s > 0 or "judge" in case
     assert (mine.direct == len(mine.acks)) != waits or not mine.acks
     acks = [CODEC.encode(a) for a in theirs.ack_records]
-    assert live_commits(settings, acks, monkeypatch) == backfill_commits(settings, acks)
+    assert live_commits(settings, acks) == backfill_commits(settings, acks)
 
 
 # the acknowledgements reach the ledger this many seconds apart (the default interval is 300 s),
@@ -417,37 +342,22 @@ def ledger_trinity() -> ScriptedTrinity:
     return ScriptedTrinity([m(i, 5 * (i + 1)) for i in range(40)])
 
 
-def live_commits(
-    settings: Settings, acks: list[bytes], monkeypatch: pytest.MonkeyPatch
-) -> list[CommitRecord]:
+def live_commits(settings: Settings, acks: list[bytes]) -> list[CommitRecord]:
     """The live ledger agent's commits: each acknowledgement a batch of ``<p>.ledger`` at its
     time, then a final tick (a graceful stop)."""
-    trinity = ledger_trinity()
-    p = Pipeline(settings, bootstrap="127.0.0.1:9", trinity=lambda: trinity)  # type: ignore[arg-type,return-value]
-    p.ledger_stage.store = MemoryStore()
-    sent: list[tuple[str, bytes | None, bytes]] = []
-    handled: set[int] = set()
-    for name in ("windows", "alerts", "commits", "dead", "comparisons", "routing"):
-        setattr(p, f"t_{name}", Sink(name, sent, handled))
-
-    class Producer:
-        async def flush(self) -> None:
-            pass
-
-    monkeypatch.setattr(type(p.app), "producer", Producer(), raising=False)
-    clock = {"now": at(0)}
-    monkeypatch.setattr(live_ports, "utcnow", lambda: clock["now"])
+    w = stages(settings, trinity=ledger_trinity())
+    ledger = Topics(settings.kafka.topic_prefix, settings.kafka.partitions).ledger
 
     async def main() -> None:
         for i, value in enumerate(acks):
-            clock["now"] = at(i * ACK_EVERY_S)
-            await p._ledger([Event(p.topics.ledger, i, b"k", value)])
-        clock["now"] = at(len(acks) * ACK_EVERY_S + END_AFTER_S)
-        final = CODEC.encode(Tick(at=clock["now"], final=True))
-        await p._ledger([Event(p.topics.ledger, len(acks), None, final)])
+            w.clock.now = at(i * ACK_EVERY_S)
+            await w.stages.ledger.on_batch([Event(ledger, i, b"k", value)])
+        w.clock.now = at(len(acks) * ACK_EVERY_S + END_AFTER_S)
+        final = CODEC.encode(Tick(at=w.clock.now, final=True))
+        await w.stages.ledger.on_batch([Event(ledger, len(acks), None, final)])
 
     asyncio.run(main())
-    return [CODEC.decode(v) for n, _, v in sent if n == "commits"]
+    return w.records("commits")
 
 
 def backfill_commits(settings: Settings, acks: list[bytes]) -> list[CommitRecord]:
@@ -500,35 +410,3 @@ def test_the_cases_cover_what_matters() -> None:
     ]
     assert any(r.final for r in commits)
     assert any(not r.final and r.feedback_count > 1 and r.sent for r in commits)
-
-
-def test_the_live_ledger_records_experiences_on_its_first_commit(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Fixed: the first CommitRecord of a worker said ``experiences: null``."""
-    from tests.unit.factories import ack
-
-    settings = settings_for({"commit": {"interval_s": 60}})
-    trinity = ScriptedTrinity([m(0, 3), m(0, 3)])
-    p = Pipeline(settings, bootstrap="127.0.0.1:9", trinity=lambda: trinity)  # type: ignore[arg-type,return-value]
-    p.ledger_stage.store = MemoryStore()
-    sent: list[tuple[str, bytes | None, bytes]] = []
-    handled: set[int] = set()
-    for name in ("windows", "alerts", "commits", "dead"):
-        setattr(p, f"t_{name}", Sink(name, sent, handled))
-
-    class Producer:
-        async def flush(self) -> None:
-            sent.append(("flush", None, b""))
-
-    monkeypatch.setattr(type(p.app), "producer", Producer(), raising=False)
-    clock = {"now": at(0)}
-    monkeypatch.setattr(live_ports, "utcnow", lambda: clock["now"])
-    acks = [Event(p.topics.ledger, i, b"k", CODEC.encode(ack(f"t{i}"))) for i in range(3)]
-    asyncio.run(p._ledger(acks))  # acknowledged in the first interval
-    clock["now"] = at(61)  # a tick in the next one: the commit is due
-    asyncio.run(p._ledger([Event(p.topics.ledger, 3, None, CODEC.encode(Tick(at=at(61))))]))
-    [record] = [CODEC.decode(v) for n, _, v in sent if n == "commits"]
-    assert isinstance(record, CommitRecord)
-    assert (record.sent, record.feedback_count, record.experiences) == (True, 3, 3)
-    assert [n for n, _, _ in sent].index("flush") < [n for n, _, _ in sent].index("commits")

@@ -1,6 +1,7 @@
-"""The live runner's sample for the progress watch (``sample_progress``), over a fake Faust
-consumer: which partitions it asks the broker about, what it does when it cannot, and the
-warning a stalled partition logs."""
+"""What the worker's watches sample (streams/runtime/live/progress.py): the sample for the
+progress watch (``sample_progress``), over a fake Faust consumer: which partitions it asks the
+broker about, what it does when it cannot, and the warning a stalled partition logs; and how far
+the tables' recovery has read."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from streams.observe.metrics import Metrics
-from streams.runtime.live import sample_progress
+from streams.runtime.live.progress import sample_progress
 
 EVENTS = "p.agent-events"
 
@@ -96,3 +97,17 @@ async def test_a_worker_with_nothing_of_the_topic_asks_nothing() -> None:
     consumer: Any = FakeConsumer({}, {})
     await sample_progress(consumer, m, EVENTS)
     assert consumer.asked == [] and m.progress.stuck() == {}
+
+
+def test_the_recovery_position_is_read_from_fausts_recovery():
+    import faust
+
+    from streams.runtime.live.progress import recovery_position
+
+    app = faust.App("t-position", broker="kafka://127.0.0.1:1")
+    recovery = app.tables.recovery
+    assert recovery_position(app) == 0
+    recovery.active_offsets[TP("c", 0)] = 41
+    recovery.active_offsets[TP("c", 1)] = -1  # nothing read yet
+    recovery.standby_offsets[TP("c", 2)] = 9
+    assert recovery_position(app) == 50

@@ -1,23 +1,7 @@
-"""How the worker's Faust application writes to Kafka: an idempotent producer with
-``acks=all``, and each topic's records in that topic's wire format.
+"""Faust's producer (faust-streaming 0.15.3, ``transport/drivers/aiokafka.py``): idempotent
+with ``acks=all`` in every mode, and holding the metadata of the topics it writes only.
 
-* Idempotence. faust-streaming 0.15.3 turns aiokafka's ``enable_idempotence`` on only for
-  ``processing_guarantee="exactly_once"`` (``faust/transport/drivers/aiokafka.py``
-  ``Producer._settings_extra``), whose open bugs rule it out here (see the Faust notes). Its
-  at-least-once producer retries a batch whose acknowledgement was lost, and the broker then
-  writes it twice. :func:`install_idempotence` makes ``_settings_extra`` ask for
-  ``acks=all`` and idempotence in every mode; aiokafka's idempotent producer needs nothing else
-  from Faust (one batch in flight per partition, which is how aiokafka sends anyway). Every
-  other producer of the product gets the same from :data:`streams.io.kafka.PRODUCER_DEFAULTS`.
-* Metadata. Faust's producer held, and fetched again at every refresh, the metadata of every
-  topic of the cluster (:class:`TrackingProducer` says why); :func:`install_topic_tracking`
-  makes Faust build a :class:`TrackingProducer`, whose metadata is the topics it writes to.
-* Wire format. The worker's topics carry raw bytes (the codec's single-object encoding);
-  :class:`FramingSchema` is the topic schema that, with a schema registry, rewrites each value
-  into Confluent's wire format on its way out (:class:`streams.wire.TopicFraming`: a header
-  swap). Changelog topics keep the single-object encoding.
-
-May import: faust, aiokafka, :mod:`streams.wire`.
+May import: faust, aiokafka, the standard library.
 """
 
 from __future__ import annotations
@@ -25,19 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import faust
 from aiokafka import AIOKafkaProducer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from ..wire import TopicFraming
-
-__all__ = [
-    "FramingSchema",
-    "TrackingProducer",
-    "install_idempotence",
-    "install_topic_tracking",
-    "raw_schema",
-]
+__all__ = ["TrackingProducer", "install_idempotence", "install_topic_tracking"]
 
 _ORIGINAL = faust_aiokafka.Producer._settings_extra
 
@@ -47,8 +22,20 @@ def _settings_extra(self: Any) -> Mapping[str, Any]:
 
 
 def install_idempotence() -> None:
-    """Every producer of Faust's aiokafka driver in this process: ``acks=all`` and
-    idempotence (idempotent: installing twice changes nothing)."""
+    """Every producer of Faust's aiokafka driver in this process: ``acks=all`` and idempotence
+    (installing twice changes nothing).
+
+    Upstream: faust-streaming 0.15.3 turns aiokafka's ``enable_idempotence`` on only for
+    ``processing_guarantee="exactly_once"`` (``Producer._settings_extra``), whose open bugs
+    rule it out here (faust-streaming/faust#440, #517, #323, #177). Its at-least-once producer
+    retries a batch whose acknowledgement was lost, and the broker then writes it twice.
+    aiokafka's idempotent producer needs nothing else from Faust (one batch in flight per
+    partition, which is how aiokafka sends anyway). Every other producer of the product gets
+    the same from :data:`streams.io.kafka.PRODUCER_DEFAULTS`.
+
+    Fails without it: ``tests/unit/runtime/faust_patches/test_producer.py::
+    test_fausts_producer_is_idempotent_with_acks_all``.
+    """
     faust_aiokafka.Producer._settings_extra = _settings_extra  # type: ignore[method-assign]
 
 
@@ -98,36 +85,16 @@ async def _create_topic(self: Any, topic: str, *args: Any, **kwargs: Any) -> Non
 def install_topic_tracking() -> None:
     """Every producer of Faust's aiokafka driver in this process: a :class:`TrackingProducer`
     (with the settings Faust gives it: idempotent, see above), which tracks each topic Faust
-    creates (idempotent: installing twice changes nothing)."""
+    creates (installing twice changes nothing).
+
+    Upstream: Faust's producer held, and fetched again at every refresh, the metadata of every
+    topic of the cluster (:class:`TrackingProducer` says why; no upstream issue).
+
+    Fails without it: ``tests/unit/runtime/faust_patches/test_producer.py::
+    test_fausts_producer_is_a_tracking_producer`` and ``tests/integration/test_producing.py::
+    test_the_workers_producer_keeps_the_metadata_of_the_topics_it_writes``.
+    """
     faust_aiokafka.Producer._producer_type = property(  # type: ignore[method-assign,assignment]
         lambda self: TrackingProducer
     )
     faust_aiokafka.Producer.create_topic = _create_topic  # type: ignore[method-assign]
-
-
-class FramingSchema(faust.Schema[bytes, bytes]):
-    """Raw bytes in and out; on the way out, ``framing`` puts ``topic``'s wire format on."""
-
-    def __init__(self, topic: str, framing: TopicFraming) -> None:
-        super().__init__(
-            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-        )
-        self.topic = topic
-        self.framing = framing
-
-    def dumps_value(
-        self, app: Any, value: Any, *, serializer: Any = None, headers: Any
-    ) -> tuple[Any, Any]:
-        payload, headers = super().dumps_value(app, value, serializer=serializer, headers=headers)
-        if isinstance(payload, bytes | bytearray):
-            payload = self.framing.reframe(self.topic, bytes(payload))
-        return payload, headers
-
-
-def raw_schema(topic: str, framing: TopicFraming | None) -> faust.Schema[bytes, bytes]:
-    """The schema of one of the worker's raw topics."""
-    if framing is None:
-        return faust.Schema(
-            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-        )
-    return FramingSchema(topic, framing)

@@ -1,5 +1,5 @@
-"""The worker process around Faust: a bounded graceful stop, bounded logs, and metadata retries
-that back off, for the hours a broker or Trinity is gone.
+"""The worker process around Faust: a bounded graceful stop and bounded logs for the hours a
+broker or Trinity is gone, a stop of its own for a lasting stall, and its memory handed back.
 
 What faust-streaming 0.15.3 and aiokafka do on their own when the broker goes away (measured
 with a worker on the local broker, the broker stopped under it): aiokafka's metadata task asks
@@ -8,9 +8,9 @@ again the moment a failed request returns, so the worker spins near 90 % CPU and
 and SIGTERM is not enough to stop it (the stop waits for the consumer and the producer to
 flush to a broker that is not there). Here:
 
-- :func:`install_metadata_backoff`: after a failed metadata update, aiokafka's synchronizer
-  waits its client's ``retry_backoff_ms`` before the next one (applied only to the
-  synchronizer's source as read in aiokafka 0.14.0; any other is left alone);
+- after a failed metadata update, aiokafka's synchronizer waits its client's
+  ``retry_backoff_ms`` before the next one (a patch of aiokafka:
+  :mod:`streams.runtime.faust_patches.metadata`, installed with the others);
 - :class:`Repeats`: a logging filter on aiokafka's loggers that lets each distinct message
   through a few times a minute and then says, once a minute, how many it held back;
 - :class:`BoundedWorker`: Faust's worker without its terminal spinner (whose handler puts the
@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import hashlib
-import inspect
 import logging
 import os
 import signal
@@ -55,7 +53,7 @@ from typing import Any
 
 import faust
 
-from ..process import keep_out_of_collections
+from ...process import keep_out_of_collections
 
 __all__ = [
     "EX_STALLED",
@@ -64,7 +62,6 @@ __all__ = [
     "exit_on_stall",
     "install_allocator_limits",
     "install_log_limits",
-    "install_metadata_backoff",
 ]
 
 EX_STALLED = 75
@@ -72,52 +69,6 @@ EX_STALLED = 75
 again; :func:`exit_on_stall`)."""
 
 log = logging.getLogger("trajstream")
-
-# sha256 of the source of aiokafka.client.AIOKafkaClient._md_synchronizer that this patch
-# replaces (aiokafka 0.14.0); another source is left alone
-_KNOWN_SYNCHRONIZER = "e0421bffa9a7735a6dbb78b5fcb34628433475ceee32a927bcd5c86d1c4f51ab"
-
-
-def _synchronizer_digest() -> str:
-    from aiokafka.client import AIOKafkaClient
-
-    source = inspect.getsource(AIOKafkaClient._md_synchronizer)
-    return hashlib.sha256(source.encode()).hexdigest()
-
-
-async def _md_synchronizer(self: Any) -> None:
-    """aiokafka's metadata synchronizer, waiting ``retry_backoff`` after a failed update."""
-    from aiokafka.util import create_future
-
-    while True:
-        await asyncio.wait([self._md_update_waiter], timeout=self._metadata_max_age_ms / 1000)
-        topics = self._topics
-        if self._md_update_fut is None:
-            self._md_update_fut = create_future()
-        ret = await self._metadata_update(self.cluster, topics)
-        if not ret:
-            # the broker did not answer: callers are woken with False as before, but not
-            # more often than the client's retry backoff (aiokafka asks again at once)
-            await asyncio.sleep(self._retry_backoff)
-        if topics != self._topics:
-            continue
-        self._md_update_waiter = create_future()
-        self._md_update_fut.set_result(ret)
-        self._md_update_fut = None
-
-
-def install_metadata_backoff() -> bool:
-    """Patch aiokafka's metadata synchronizer (once); whether it is patched."""
-    from aiokafka.client import AIOKafkaClient
-
-    current = AIOKafkaClient._md_synchronizer
-    if current is _md_synchronizer:
-        return True
-    if _synchronizer_digest() != _KNOWN_SYNCHRONIZER:
-        log.info("aiokafka's metadata synchronizer is not the one this patch knows; not patched")
-        return False
-    AIOKafkaClient._md_synchronizer = _md_synchronizer  # type: ignore[method-assign]
-    return True
 
 
 class Repeats(logging.Filter):

@@ -1,12 +1,13 @@
-"""Faust tables as :class:`streams.core.store.Store`\\ s: how the live worker's stages (and the
-span-resolution stage, :mod:`.spans_agent`) see their tables.
+"""Faust tables as :class:`streams.core.store.Store`\\ s: how the live worker's stages see their
+tables.
 
 :class:`TableStore` writes through: every ``set`` and ``delete`` is a table write (one changelog
 record). :class:`BatchedStore` keeps a batch's writes beside the table and writes only what
 is left of them when the batch ends (:meth:`BatchedStore.flush`): an entry written and
 deleted within one batch (an open call that closed in it) costs no changelog record at all, and
 a key written twice costs one. What Kafka Streams' record cache does before a commit; here the
-batch is one stream batch of the agent, flushed before its offsets are acknowledged.
+batch is one stream batch of the agent, flushed by the checkpoint (:mod:`.checkpoint`) after
+the batch's records were acknowledged and before its offsets are.
 
 May import: the standard library, the core, :mod:`streams.state_codec`.
 """
@@ -16,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..core.store import Store
-from ..state_codec import SEPARATOR
+from ...core.store import Store
+from ...state_codec import SEPARATOR
 
 __all__ = ["BatchedStore", "TableStore"]
 

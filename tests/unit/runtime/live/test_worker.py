@@ -1,5 +1,4 @@
-"""The worker process's limits: repeated Kafka client messages held back, metadata retries
-that back off, a stop that ends."""
+"""The worker process's limits: repeated Kafka client messages held back, a stop that ends."""
 
 from __future__ import annotations
 
@@ -9,8 +8,8 @@ import signal
 
 import pytest
 
-from streams.runtime import worker
-from streams.runtime.worker import Repeats, install_log_limits, install_metadata_backoff
+from streams.runtime.live import worker
+from streams.runtime.live.worker import Repeats, install_log_limits
 
 
 class Clock:
@@ -63,25 +62,10 @@ def test_every_aiokafka_logger_is_limited() -> None:
     assert logging.getLogger("aiokafka.conn").filters.count(f) == 1
 
 
-def test_the_metadata_backoff_patches_the_known_synchronizer_only(monkeypatch) -> None:
-    from aiokafka.client import AIOKafkaClient
-
-    original = AIOKafkaClient._md_synchronizer
-    try:
-        monkeypatch.setattr(worker, "_KNOWN_SYNCHRONIZER", "0" * 64)
-        assert not install_metadata_backoff()
-        assert AIOKafkaClient._md_synchronizer is original
-        monkeypatch.undo()
-        assert install_metadata_backoff(), "the installed aiokafka is the one the patch knows"
-        assert AIOKafkaClient._md_synchronizer is worker._md_synchronizer
-    finally:
-        AIOKafkaClient._md_synchronizer = original  # type: ignore[method-assign]
-
-
 def test_the_worker_has_no_spinner_that_would_put_the_root_logger_at_debug() -> None:
     import faust
 
-    from streams.runtime.worker import BoundedWorker
+    from streams.runtime.live.worker import BoundedWorker
 
     app = faust.App("t-spinner", broker="kafka://127.0.0.1:9")
     w = BoundedWorker(app, loglevel="warn", quiet=True, stop_timeout_s=3)
@@ -95,7 +79,7 @@ def test_the_worker_has_no_spinner_that_would_put_the_root_logger_at_debug() -> 
 
 _FRAGMENTED_HEAP = """
 import json, sys
-from streams.runtime.worker import install_allocator_limits, trim_heap
+from streams.runtime.live.worker import install_allocator_limits, trim_heap
 
 def rss():
     with open("/proc/self/status") as f:
