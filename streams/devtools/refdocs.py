@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import contextlib
 import inspect
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -801,7 +803,9 @@ def _gateway() -> Any:
     from streams.topics import Topics
 
     settings = Settings(gateway={"production_url": "http://production.invalid/v1"})
-    spill = Path(tempfile.mkdtemp(prefix="refdocs-")) / "spill"
+    scratch = tempfile.mkdtemp(prefix="refdocs-")
+    atexit.register(shutil.rmtree, scratch, True)  # the publisher is never started: only a path
+    spill = Path(scratch) / "spill"
     publisher = Publisher(lambda: None, Topics("p", 1), spill_dir=spill)  # never started
     return Gateway(settings, build_strategy(settings.selection.strategy), publisher)
 
