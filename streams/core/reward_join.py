@@ -20,7 +20,9 @@ since when it waits). The rules, in one place for the live worker and replay:
   production (``mixed``, unless ``reward.train_mixed`` names the steps Trinity answered);
 - a reward function that raises (or returns NaN or infinity) is a reward-stage dead letter, and
   so is a trajectory with no msg_ids (no LLM step with a response id): nothing trainable, so
-  nothing is sent to Trinity.
+  nothing is sent to Trinity. A shadowed call whose shadow answers were all lost (Trinity down
+  or slow while production answered) is no dead letter: it is counted
+  (``trajectories.shadow_lost``) and not scored, its trajectory kept on its topic.
 
 With a reward function that needs the LLM judge's verdict (``needs_verdict``, e.g.
 ``streams.rewards:judge`` alone or in a Composite), a second store, ``verdicts`` (keyed by
@@ -64,7 +66,7 @@ from ..models import (
     UserFeedback,
 )
 from ..state_codec import StateCodec
-from .arms import FALLBACK, MIXED, trains
+from .arms import FALLBACK, MIXED, SHADOW, trains
 from .assemble import check_key
 from .assembly import Deadlines, check_not_future, tick_time
 from .effects import Envelope, Out, Reject, Source
@@ -386,6 +388,11 @@ class RewardJoin:
             kind = {FALLBACK: "fallback", MIXED: "mixed"}.get(rewarded.upstream or "")
             out.stats[f"trajectories.rewarded_{kind or 'production'}"] += 1
             self._emit(key, trajectory, rewarded, out)
+            return
+        if not rewarded.msg_ids and rewarded.upstream == SHADOW:
+            # production answered every step and no shadow answer of Trinity's came back (it
+            # was down or slow): what shadow mode loses to an outage, counted, no dead letter
+            out.stats["trajectories.shadow_lost"] += 1
             return
         if not rewarded.msg_ids:
             out.stats["trajectories.nothing_trainable"] += 1

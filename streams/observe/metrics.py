@@ -50,6 +50,8 @@ METRICS: dict[str, str] = {
     "trajstream_decisions_total": "selection decisions, per decision (selected, rejected) "
     "and reason",
     "trajstream_late_events_total": "events that arrived after their call closed (<p>.late-events)",
+    "trajstream_shadow_calls_lost_total": "shadowed calls none of whose requests Trinity "
+    "answered in the background (down or slow): nothing to train, production answered them",
     "trajstream_open_calls": "calls this worker holds open (events seen, not closed yet)",
     "trajstream_feedback_latency_seconds": "histogram: from the first POST /feedback of a "
     "rewarded trajectory to Trinity's acknowledgement, retries included",
@@ -150,6 +152,9 @@ class Metrics:
         )
         self._late = Counter(
             "trajstream_late_events", doc("trajstream_late_events_total"), registry=r
+        )
+        self._shadow_lost = Counter(
+            "trajstream_shadow_calls_lost", doc("trajstream_shadow_calls_lost_total"), registry=r
         )
         self._feedback = Histogram(
             "trajstream_feedback_latency_seconds",
@@ -274,6 +279,10 @@ class Metrics:
 
     def late_event(self) -> None:
         self._late.inc()
+
+    def shadow_calls_lost(self, n: int) -> None:
+        """``n`` shadowed calls closed without one shadow answer of Trinity's."""
+        self._shadow_lost.inc(n)
 
     def feedback_acked(self, seconds: float) -> None:
         """Trinity acknowledged a feedback ``seconds`` after its first attempt."""

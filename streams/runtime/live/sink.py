@@ -79,6 +79,8 @@ class Sink:
         emitted records the stage that made them already handled for the next stage: those
         carry the :data:`~.channels.HANDLED` header."""
         self.stats.update(out.stats)
+        if lost := out.stats.get("trajectories.shadow_lost"):
+            self.metrics.shadow_calls_lost(lost)
         sent = []
         for emit in out.emits:
             topic = self.topics[emit.topic]

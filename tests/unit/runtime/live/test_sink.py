@@ -75,3 +75,13 @@ def test_a_reject_without_a_source_names_the_dead_letter_topic() -> None:
     asyncio.run(s.dispatch(out))
     [letter] = [x.record for x in sent]
     assert (letter.source_topic, letter.source_offset, letter.key) == ("t.trajectories", -1, b"c9")
+
+
+def test_shadowed_calls_lost_are_counted_in_a_metric() -> None:
+    sent: list[Sent] = []
+    s, metrics, stats = memory_sink(sent)
+    out = Out()
+    out.stats["trajectories.shadow_lost"] += 2
+    asyncio.run(s.dispatch(out))
+    assert sent == [] and stats["trajectories.shadow_lost"] == 2
+    assert metrics.registry.get_sample_value("trajstream_shadow_calls_lost_total") == 2
