@@ -88,13 +88,14 @@ from ..config import judge_of, ledger_config_of, limits_of
 from .assembling import ASSEMBLE_BATCH, ASSEMBLE_WITHIN, AssembleLoop
 from .channels import raw_input, raw_schema
 from .checkpoint import Checkpoint, Producer
-from .feedback import FeedbackPort, ObservedTrinity
+from .feedback import FeedbackPort
 from .guard import StageGuard
 from .judge import JudgePort
 from .ledger import LedgerPort, UnreadLedger, holds_ledger
 from .progress import consumer_lag, recovery_position, sample_progress
 from .sink import Sink, Topic
 from .stores import BatchedStore, TableStore
+from .trinity import ObservedTrinity
 
 __all__ = ["Pipeline", "Rules", "Stages", "compose", "span_limits_of"]
 

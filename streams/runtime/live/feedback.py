@@ -12,9 +12,9 @@ module gives it its port:
   each request tried once; what Trinity could not take now is left to stage 3, and for
   :data:`DIRECT_PAUSE_S` after such a failure the assemble stage sends none itself, so that a
   Trinity that is down costs it nothing;
-- every request at most ``trinity.max_connections`` at once, through :class:`ObservedTrinity`:
-  failed requests counted, and every request kept out of a commit's last ready-count read and
-  its ``/commit`` (:class:`~.checkpoint.FeedbackGate`).
+- every request at most ``trinity.max_connections`` at once, through
+  :class:`~.trinity.ObservedTrinity`: failed requests counted, and every request kept out of a
+  commit's last ready-count read and its ``/commit`` (:class:`~.checkpoint.FeedbackGate`).
 
 May import: the core, :mod:`streams.io`, the top-level modules, :mod:`streams.observe`.
 """
@@ -22,7 +22,6 @@ May import: the core, :mod:`streams.io`, the top-level modules, :mod:`streams.ob
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -35,14 +34,14 @@ from ...core.feedback import FeedbackRequest, deliver
 from ...core.retry import RetryPolicy
 from ...envelope import Envelope
 from ...errors import RecordError, TrinityError
-from ...io.trinity import TrinityClient, TrinityGaveUp, retrying
+from ...io.trinity import TrinityGaveUp, retrying
 from ...models import FeedbackAck, RewardedTrajectory
 from ...observe.metrics import Metrics
 from .channels import handled, source_of
-from .checkpoint import FeedbackGate
 from .guard import StageGuard
+from .trinity import ObservedTrinity
 
-__all__ = ["DIRECT_PAUSE_S", "FeedbackPort", "ObservedTrinity", "rejected_reason"]
+__all__ = ["DIRECT_PAUSE_S", "FeedbackPort", "rejected_reason"]
 
 DIRECT_PAUSE_S = 30.0  # after a feedback sent at once failed, the assemble stage sends none
 
@@ -50,52 +49,6 @@ DIRECT_PAUSE_S = 30.0  # after a feedback sent at once failed, the assemble stag
 def rejected_reason(exc: Exception) -> str:
     """The reason of the dead letter of a feedback Trinity rejected."""
     return f"Trinity rejected the feedback: {exc}"
-
-
-class ObservedTrinity:
-    """The Trinity client (made by ``client`` when first used) with every failed request
-    counted (``trajstream_trinity_errors_total`` by route and kind); it answers and raises
-    exactly as the client does. Its ``/feedback`` requests and the commit's last ready-count
-    read and ``/commit`` pass ``gate``."""
-
-    def __init__(
-        self, client: Callable[[], TrinityClient], metrics: Metrics, gate: FeedbackGate
-    ) -> None:
-        self._factory = client
-        self._client: TrinityClient | None = None
-        self._metrics = metrics
-        self.gate = gate
-
-    @property
-    def client(self) -> TrinityClient:
-        if self._client is None:
-            self._client = self._factory()
-        return self._client
-
-    def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """For :func:`streams.core.commits.send_commit`: no feedback of this worker meanwhile."""
-        return self.gate.exclusive()
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.client, name)
-        if name not in ("feedback", "commit", "metrics"):
-            return attr
-
-        async def observed(*args: Any, **kwargs: Any) -> Any:
-            try:
-                if name == "feedback":
-                    async with self.gate.shared():
-                        return await attr(*args, **kwargs)
-                return await attr(*args, **kwargs)
-            except TrinityError as exc:
-                self._metrics.trinity_error(name, exc)
-                raise
-
-        return observed
 
 
 class FeedbackPort:

@@ -40,7 +40,7 @@ from ...observe.metrics import Metrics
 from ...settings import KafkaSecuritySettings
 from .channels import source_of
 from .checkpoint import Checkpoint, Producer
-from .feedback import ObservedTrinity
+from .trinity import ObservedTrinity
 from .sink import Sink
 
 __all__ = ["UNREAD_LEDGER_S", "LedgerPort", "UnreadLedger", "holds_ledger"]

@@ -25,7 +25,7 @@ from streams.core.store import MemoryStore
 from streams.models import LedgerState, Tick
 from streams.observe.metrics import Metrics
 from streams.runtime.live.checkpoint import Checkpoint, FeedbackGate
-from streams.runtime.live.feedback import ObservedTrinity
+from streams.runtime.live.trinity import ObservedTrinity
 from streams.runtime.live.stores import BatchedStore
 from streams.settings import load_settings
 from tests.unit.factories import ack, at

@@ -1,22 +1,18 @@
 """The feedback port (streams/runtime/live/feedback.py) over memory: the feedback stage's
 records fed back under the retry policy, their acknowledgements to the ledger, rejections as
-dead letters, at most ``trinity.max_connections`` requests at once, and the Trinity client
-with its failures counted. (The assemble stage's feedback at once: test_assembling.py; the
-commit gate: test_checkpoint.py.)"""
+dead letters, and at most ``trinity.max_connections`` requests at once. (The assemble stage's
+feedback at once: test_assembling.py; the commit gate: test_checkpoint.py; the Trinity client
+with its failures counted: test_trinity.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-import pytest
-
 from streams.errors import TrinityRejected, TrinityUnavailable
 from streams.models import FeedbackAck
 from streams.observe.metrics import Metrics
 from streams.runtime.live.channels import HANDLED_HEADERS
-from streams.runtime.live.checkpoint import FeedbackGate
-from streams.runtime.live.feedback import ObservedTrinity
 from streams.settings import load_settings
 from tests.unit.factories import rewarded
 
@@ -99,24 +95,3 @@ def test_at_most_max_connections_requests_at_once() -> None:
 
     asyncio.run(batch())
     assert len(trinity.acked) == 6 and trinity.most == 2
-
-
-async def test_the_client_is_made_when_first_used_and_its_failures_counted() -> None:
-    made: list[Trinity] = []
-    metrics = Metrics()
-
-    def client() -> Any:
-        made.append(Trinity(TrinityUnavailable("503", status=503)))
-        return made[-1]
-
-    observed = ObservedTrinity(client, metrics, FeedbackGate())
-    await observed.aclose()  # never used: nothing to close
-    assert made == []
-    with pytest.raises(TrinityUnavailable):
-        await observed.feedback(["m"], 1.0, "task", 0)
-    await observed.feedback(["m"], 1.0, "task", 0)
-    assert len(made) == 1 and made[0].acked == [["m"]]
-    labels = {"route": "feedback", "error": "unavailable"}
-    assert metrics.registry.get_sample_value("trajstream_trinity_errors_total", labels) == 1
-    await observed.aclose()
-    assert made[0].closed
