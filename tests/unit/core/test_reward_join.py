@@ -163,18 +163,20 @@ def test_a_reward_function_reads_corrections_live(fb: dict | None, expected: lis
     assert rewards(core) == expected
 
 
+SHADOWED = start(  # selected in shadow mode: production answers, Trinity's copy recorded
+    attributes={
+        "trajstream.route.upstream": "production",
+        "trajstream.route.mode": "shadow",
+        "trajstream.route.selected": "true",
+    }
+)
+
+
 def test_a_shadowed_call_whose_shadow_answers_were_all_lost_is_counted_not_a_dead_letter() -> None:
     """Shadow mode: production answered, Trinity (down or slow) answered no shadow copy. That
     is what an outage costs shadow mode, counted; no dead letter per call, nothing to train."""
-    shadowed = start(
-        attributes={
-            "trajstream.route.upstream": "production",
-            "trajstream.route.mode": "shadow",
-            "trajstream.route.selected": "true",
-        }
-    )
     core = Core()
-    core.event(shadowed, at(0))
+    core.event(SHADOWED, at(0))
     core.event(step(seq=0, upstream="production"), at(1))  # no shadow_response_id: lost
     core.event(end(step_count=1), at(2))
     assert len(core.topic("trajectories")) == 1  # the trajectory itself is kept
@@ -183,15 +185,8 @@ def test_a_shadowed_call_whose_shadow_answers_were_all_lost_is_counted_not_a_dea
 
 
 def test_a_shadowed_call_with_a_shadow_answer_is_rewarded_for_it() -> None:
-    shadowed = start(
-        attributes={
-            "trajstream.route.upstream": "production",
-            "trajstream.route.mode": "shadow",
-            "trajstream.route.selected": "true",
-        }
-    )
     core = Core()
-    core.event(shadowed, at(0))
+    core.event(SHADOWED, at(0))
     core.event(step(seq=0, upstream="production", shadow_response_id="chatcmpl-s-0"), at(1))
     core.event(end(step_count=1), at(2))
     (rewarded,) = core.topic("rewarded")
