@@ -54,6 +54,7 @@ __all__ = ["PolicyAnswer", "PolicyFallback", "PolicyUpstream"]
 
 log = logging.getLogger(__name__)
 
+
 class PolicyFallback(Exception):
     """Trinity does not answer this request: production does (``reason``: see
     :mod:`..fallback`)."""
